@@ -1,0 +1,117 @@
+"""Checks that run first inside every job, on every node, before anything expensive starts.
+
+Stdlib only: it must run in any container. Each failed check is one short reason with its fix; the
+job prints them on one line starting with PREFLIGHT FAILED and exits, and the launcher reports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+MARK = "PREFLIGHT FAILED"
+NVFP4_CAPABILITIES = {"10.0", "10.3"}  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only
+
+
+def python_version(cfg: dict) -> str | None:
+    if sys.version_info < (3, 10):
+        return f"Python {sys.version.split()[0]} is too old; the recipes need 3.10+ (the training container has 3.12)"
+    return None
+
+
+def _importable(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # any import-time failure (missing CUDA libs too) means it cannot run
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+    return None
+
+
+def training_packages(cfg: dict) -> str | None:
+    missing = [f"{m} ({err})" for m in ("megatron.bridge", "transformer_engine") if (err := _importable(m))]
+    if missing:
+        return (f"not importable: {', '.join(missing)}; run inside the training container "
+                "(set container_image in the profile) or install the `train` extra")
+    return None
+
+
+def gpus(cfg: dict) -> str | None:
+    wanted = (cfg.get("run") or {}).get("gpus_per_node") or 0
+    if not wanted:
+        return None
+    smi = shutil.which("nvidia-smi")
+    caps: list[str] = []
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)
+        caps = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and caps:
+        caps = caps[: len([v for v in visible.split(",") if v.strip()])]
+    if not caps:
+        return f"no NVIDIA GPU visible (need {wanted} per node; nvidia-smi {'found no GPU' if smi else 'not found'})"
+    if len(caps) < wanted:
+        return f"{len(caps)} GPU(s) visible, the config needs {wanted} per node (run.gpus_per_node)"
+    precision = str(cfg.get("mixed_precision") or "")
+    if "nvfp4" in precision and not set(caps) <= NVFP4_CAPABILITIES:
+        return (f"mixed_precision={precision} needs Blackwell (compute capability 10.0/10.3), these GPUs are "
+                f"{', '.join(sorted(set(caps)))}; use mixed_precision=bf16_mixed")
+    return None
+
+
+def data_paths(cfg: dict) -> str | None:
+    dataset = cfg.get("dataset") or {}
+    problems = []
+    if not dataset.get("mock"):
+        blend = dataset.get("blend_path")
+        if blend:
+            problems += _blend_problems(blend)
+        packed = dataset.get("packed_dir")
+        if packed and not os.path.isdir(packed):
+            problems.append(f"dataset.packed_dir {packed} is not a readable directory")
+        if cfg.get("job", {}).get("stage") == "pretrain" and not blend:
+            problems.append("dataset.blend_path is not set (or set dataset.mock=true)")
+    ckpt = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
+    if ckpt and not os.path.isdir(ckpt):
+        problems.append(f"recipe.pretrained_checkpoint {ckpt} is not a readable directory")
+    return "; ".join(problems) or None
+
+
+def _blend_problems(path: str) -> list[str]:
+    if not os.access(path, os.R_OK):
+        return [f"dataset.blend_path {path} is not readable"]
+    try:
+        with open(path) as f:
+            blend = json.load(f)
+    except ValueError as e:
+        return [f"dataset.blend_path {path} is not valid JSON ({e})"]
+    prefixes = [p for split in blend.values() if isinstance(split, list) for p in split if isinstance(p, str)]
+    missing = [p for p in prefixes for ext in (".bin", ".idx") if not os.access(p + ext, os.R_OK)]
+    return [f"{len(missing)} data file(s) of {path} unreadable, e.g. {missing[0]}"] if missing else []
+
+
+CHECKS = {
+    "torchrun": (python_version, training_packages, gpus, data_paths),
+    "process": (python_version, data_paths),
+    "ray": (python_version,),
+}
+
+
+def run(cfg: dict) -> list[str]:
+    launch = (cfg.get("job") or {}).get("launch", "process")
+    return [reason for check in CHECKS[launch] if (reason := check(cfg))]
+
+
+def report(cfg: dict) -> bool:
+    host = socket.gethostname()
+    reasons = run(cfg)
+    if reasons:
+        print(f"{MARK} on {host}: {'; '.join(reasons)}", flush=True)
+        return False
+    print(f"preflight ok on {host}", flush=True)
+    return True

@@ -1,0 +1,200 @@
+"""`nemotron ultra3 <stage>` / `ultra3 <stage>` and `nemotron jobs ...`, built from the stage registry.
+
+Start-up stays light: nothing heavier than Typer is imported until a command runs, and NeMo-Run
+only when a job is submitted to Slurm.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+from typer.core import TyperCommand
+
+try:  # Typer 0.29+ carries its own copy of click
+    from typer._click import exceptions as cx
+except ImportError:  # pragma: no cover
+    from click import exceptions as cx
+
+from .stages import STAGES, Stage
+
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+def _typer(name: str, help: str) -> typer.Typer:
+    return typer.Typer(name=name, help=help, no_args_is_help=True, rich_markup_mode=None, add_completion=False,
+                       pretty_exceptions_enable=False, context_settings=HELP)
+
+
+# Shared options: accepted after `ultra3` (before the stage name) and after the stage name.
+ConfigOpt = typer.Option(None, "-c", "--config", metavar="NAME|PATH", help="Stage config name or YAML path.")
+RunOpt = typer.Option(None, "-r", "--run", metavar="PROFILE", help="Submit with this env.toml profile and follow it.")
+BatchOpt = typer.Option(None, "-b", "--batch", metavar="PROFILE", help="Submit with this env.toml profile and return.")
+DryOpt = typer.Option(False, "-d", "--dry-run", help="Validate and print the compiled job; submit nothing.")
+EnvOpt = typer.Option(None, "--env-file", metavar="PATH", help="env.toml to read profiles from.")
+
+
+class StageCommand(TyperCommand):
+    """Help shows the stage's configs, the profiles found and examples, computed when asked for."""
+
+    stage: Stage
+
+    @property
+    def epilog(self) -> str:  # type: ignore[override]
+        from .paths import config_names
+        from .profiles import profile_names
+
+        path, profiles = profile_names()
+        lines = ["\b", f"Configs (-c): {', '.join(config_names(self.stage.config_dir))}"]
+        lines.append(f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
+                     f"{f' in {path}' if path else ' (no env.toml found)'}")
+        lines.append("Overrides: dotted key=value, e.g. train.train_iters=20 run.time=01:00:00")
+        lines += ["", "\b", "Examples:", *(f"  {e}" for e in self.stage.examples)]
+        return "\n".join(lines)
+
+    @epilog.setter
+    def epilog(self, _value: str | None) -> None:
+        pass
+
+
+def _stage_command(stage: Stage):
+    def command(
+        ctx: typer.Context,
+        overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", show_default=False),
+        config: Optional[str] = ConfigOpt,
+        run: Optional[str] = RunOpt,
+        batch: Optional[str] = BatchOpt,
+        dry_run: bool = DryOpt,
+        env_file: Optional[str] = EnvOpt,
+    ) -> None:
+        from .run_stage import run_stage
+
+        given = dict(config=config, run=run, batch=batch, dry_run=dry_run, env_file=env_file)
+        run_stage(stage, _merge_group_options(ctx, given), list(overrides or []))
+
+    command.__doc__ = stage.summary
+    return command
+
+
+def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
+    group = (ctx.find_root().obj or {}).get("options", {})
+    merged = dict(given)
+    for key, value in group.items():
+        if value in (None, False):
+            continue
+        if merged[key] not in (None, False) and merged[key] != value:
+            raise cx.UsageError(f"--{key.replace('_', '-')} given twice with different values")
+        merged[key] = value
+    return merged
+
+
+def _group_callback(
+    ctx: typer.Context,
+    config: Optional[str] = ConfigOpt,
+    run: Optional[str] = RunOpt,
+    batch: Optional[str] = BatchOpt,
+    dry_run: bool = DryOpt,
+    env_file: Optional[str] = EnvOpt,
+) -> None:
+    """Nemotron 3 Ultra training recipe: pretrain, sft and data prep stages.
+
+    \b
+    Examples:
+      ultra3 pretrain -c tiny --dry-run
+      ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/blend.json
+      ultra3 sft -c tiny --run mycluster
+      nemotron jobs list
+    """
+    root = ctx.find_root()
+    root.obj = root.obj or {}
+    root.obj["options"] = dict(config=config, run=run, batch=batch, dry_run=dry_run, env_file=env_file)
+
+
+def build_ultra3() -> typer.Typer:
+    app = _typer("ultra3", "")
+    app.callback(invoke_without_command=False)(_group_callback)
+    groups: dict[tuple[str, ...], typer.Typer] = {(): app}
+    for stage in STAGES:
+        for depth in range(1, len(stage.words)):
+            prefix = stage.words[:depth]
+            if prefix not in groups:
+                sub = _typer(prefix[-1], f"{' '.join(prefix).capitalize()} stages.")
+                groups[prefix[:-1]].add_typer(sub, name=prefix[-1])
+                groups[prefix] = sub
+        cls = type(f"{stage.slug}Command", (StageCommand,), {"stage": stage})
+        groups[stage.words[:-1]].command(stage.words[-1], cls=cls, context_settings=HELP)(_stage_command(stage))
+    return app
+
+
+def build_jobs() -> typer.Typer:
+    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel.")
+
+    @app.command("list")
+    def list_(limit: int = typer.Option(20, "-n", "--limit", help="How many of the newest jobs.")) -> None:
+        """List submitted jobs, newest first, with their current state."""
+        from .jobs_cli import list_jobs
+
+        list_jobs(limit)
+
+    @app.command()
+    def status(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
+        """Show one job: state, exit code, reason, paths."""
+        from .jobs_cli import show_status
+
+        show_status(job)
+
+    @app.command()
+    def logs(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix."),
+             follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends.")) -> None:
+        """Print the job's log."""
+        from .jobs_cli import show_logs
+
+        show_logs(job, follow)
+
+    @app.command()
+    def cancel(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
+        """Cancel a pending or running job."""
+        from .jobs_cli import cancel_job
+
+        cancel_job(job)
+
+    return app
+
+
+def build_nemotron() -> typer.Typer:
+    app = _typer("nemotron", "Nemotron training recipes launcher.")
+    app.callback()(lambda: None)
+    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, data prep.")
+    app.add_typer(build_jobs(), name="jobs")
+    return app
+
+
+def _main(app: typer.Typer, prog: str) -> None:
+    from .errors import LauncherError
+
+    try:
+        code = typer.main.get_command(app).main(sys.argv[1:], prog_name=prog, standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:
+        print(e.ctx.get_help() if e.ctx else "")
+        code = 0
+    except cx.UsageError as e:  # one line, exit 2: unknown option, missing value, bad type...
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        print(f"error: {e.format_message()}{hint}", file=sys.stderr)
+        code = 2
+    except (typer.Abort, KeyboardInterrupt):
+        print("aborted", file=sys.stderr)
+        code = 130
+    except LauncherError as e:
+        for line in e.lines():
+            print(line, file=sys.stderr)
+        code = e.exit_code
+    sys.exit(code or 0)
+
+
+def nemotron_main() -> None:
+    _main(build_nemotron(), "nemotron")
+
+
+def ultra3_main() -> None:
+    _main(build_ultra3(), "ultra3")

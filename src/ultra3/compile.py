@@ -1,0 +1,171 @@
+"""Compile a stage command into a checked job: config layers, profile, overrides, schema,
+executor rules and the stage's validation rules. All errors are collected before anything runs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from . import schema as schemas
+from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
+from .errors import InvalidConfig
+from .findings import Report
+from .gpus import GPU_TYPES, visible_gpu_count
+from .profiles import SECRET_NAME, Profile, check_run_keys, load_profile
+from .stages import Stage
+
+Mode = Literal["local", "attached", "detached"]
+JOB_DIR_PLACEHOLDER = "<job_dir>"
+THIS_MACHINE = "this machine"
+
+
+@dataclass
+class Options:
+    config: str = "default"
+    run: str | None = None
+    batch: str | None = None
+    dry_run: bool = False
+    env_file: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def mode(self) -> Mode:
+        return "attached" if self.run else "detached" if self.batch else "local"
+
+    @property
+    def profile_name(self) -> str | None:
+        return self.run or self.batch
+
+
+@dataclass
+class Job:
+    stage: Stage
+    options: Options
+    config_path: Path
+    profile: Profile | None
+    executor: str
+    config: dict[str, Any]  # resolved, with job.dir still the placeholder
+    origin: dict[str, str]  # flat key -> the layer that set it
+    base_sources: set[str]  # the layers of the stage's own defaults (not shown as "changed")
+    report: Report
+    flat: dict[str, Any] = field(repr=False)  # merged values before interpolation
+
+    @property
+    def mode(self) -> Mode:
+        return self.options.mode
+
+    def with_job(self, job: dict[str, str]) -> dict[str, Any]:
+        """The config the job receives: `job.*` (id, dir, ...) filled in and interpolations resolved."""
+        return resolve(unflatten({**self.flat, **{f"job.{k}": v for k, v in job.items()}}))
+
+
+def compile_job(stage: Stage, options: Options) -> Job:
+    report = Report()
+    config_path = find_config(stage.config_dir, options.config)
+    layers = load_layers(config_path, stage.config_dir)
+    base_sources = {layer.source for layer in load_layers(find_config(stage.config_dir, "default"), stage.config_dir)}
+
+    profile = load_profile(options.profile_name, options.env_file, "--run" if options.run else "--batch") \
+        if options.profile_name else None
+    executor = profile.executor if profile else "local"
+    if profile:
+        layers.append(Layer(profile.source, flatten(profile.values, "run.")))
+    cli = parse_overrides(options.overrides)
+    layers.append(cli)
+
+    flat, origin = merge(layers)
+    if executor == "local" and "run.gpus_per_node" not in cli.values:
+        _local_gpus(stage, flat, origin, report)
+    for key in [k for k in flat if k == "job" or k.startswith("job.")]:
+        report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
+    flat["job.dir"] = JOB_DIR_PLACEHOLDER
+    tree = unflatten(flat)
+
+    schema = dict(getattr(schemas, stage.schema))
+    # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
+    # override of such a key is an error
+    run = {k: v for k, v in (tree.get("run") or {}).items()
+           if k in schemas.run_schema(executor) or k not in schemas.RUN_KEYS or _set_by_user(f"run.{k}", origin)}
+    check_run_keys(run, executor, report, origin, "run.")
+    schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
+                  {k: v for k, v in schema.items() if k != "run"}, report, origin)
+    _check_secrets(flat, report)
+    if report.errors:
+        raise InvalidConfig(report.errors)
+
+    config = resolve(tree)
+    _check_executor(stage, executor, profile, config["run"], report)
+    if validator := stage.validate():
+        validator(config, report)
+    if report.errors:
+        raise InvalidConfig(report.errors)
+    return Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
+
+
+def _set_by_user(key: str, origin: dict[str, str]) -> bool:
+    return any(src == CLI_SOURCE for k, src in origin.items() if k == key or k.startswith(key + "."))
+
+
+def _local_gpus(stage: Stage, flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
+    """Local runs use this machine's GPUs: check the config's count against what is visible."""
+    wanted = flat.get("run.gpus_per_node") or 0
+    if stage.launch != "torchrun" or not wanted:
+        return
+    visible = visible_gpu_count()
+    if visible == 0:
+        report.warn("run.gpus_per_node", f"no GPU visible on {THIS_MACHINE}; the world-size checks use the "
+                                         f"config's {wanted} GPU(s) and the job's preflight will stop without them")
+    elif visible < wanted:
+        report.error("run.gpus_per_node", f"{wanted} GPUs wanted but {visible} visible on {THIS_MACHINE}; "
+                                          f"set run.gpus_per_node={visible} or submit with --run/--batch PROFILE")
+
+
+def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: dict[str, Any], report: Report) -> None:
+    nodes = run.get("nodes") or 1
+    if executor == "local":
+        if nodes > 1:
+            report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "
+                                      "with --run/--batch PROFILE, or use -c tiny")
+        return
+    if not run.get("account"):
+        report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)}")
+    if run.get("host"):
+        for key in ("user", "job_dir"):
+            if not run.get(key):
+                report.error(f"run.{key}", f"submitting through SSH (host={run['host']}) needs {key}; "
+                                           f"set it in {_profile_at(profile)}")
+    gpu = run.get("gpu")
+    if gpu is None:
+        if stage.launch == "torchrun":
+            report.warn("run.gpu", f"{_profile_at(profile)} names no gpu type; precision and memory checks "
+                                   f"are skipped (set gpu to one of {', '.join(GPU_TYPES)})")
+    elif gpu not in GPU_TYPES:
+        report.error("run.gpu", f"unknown gpu '{gpu}'; use one of {', '.join(GPU_TYPES)}")
+    if run.get("mounts") and not run.get("container_image"):
+        report.warn("run.mounts", "mounts apply inside a container only; set container_image or remove them")
+
+
+def _profile_at(profile: Profile | None) -> str:
+    return f"{profile.file.name} [{profile.name}]" if profile else "the profile"
+
+
+_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _check_secrets(flat: dict[str, Any], report: Report) -> None:
+    """A secret resolved into the config would be written to the job dir: refuse it."""
+    for key, value in flat.items():
+        for var in _ENV_REF.findall(value) if isinstance(value, str) else ():
+            if SECRET_NAME.search(var):
+                report.error(key, f"references the secret {var}; secrets reach the job through its environment "
+                                  "only, so read it there instead of from the config")
+
+
+def changed_keys(job: Job) -> dict[str, str]:
+    """Keys whose value does not come from the stage's default config, with their source."""
+    return {k: src for k, src in job.origin.items() if src not in job.base_sources}
+
+
+__all__ = ["CLI_SOURCE", "Job", "Options", "compile_job", "changed_keys", "JOB_DIR_PLACEHOLDER"]

@@ -1,0 +1,175 @@
+"""Stage configs: find, load with `defaults:` inheritance, layer with the profile and the command
+line, and remember where each value came from (stage config < profile < command line)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+from .paths import CONFIGS_DIR, config_names
+
+CLI_SOURCE = "command line"
+
+
+@dataclass
+class Layer:
+    source: str  # a file, a profile or the command line: shown in the dry run and in errors
+    values: dict[str, Any]  # flat dotted key -> value
+
+
+def find_config(config_dir: str, name: str) -> Path:
+    """`-c NAME` looks in the stage's config dir; anything with a '/' or a .yaml suffix is a path."""
+    if "/" in name or name.endswith((".yaml", ".yml")):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise UserError(f"--config: no such file '{name}'")
+        return path
+    path = CONFIGS_DIR / config_dir / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(config_names(config_dir))
+        raise UserError(f"--config: no config '{name}' for this stage; choose one of: {names}, or give a path")
+    return path
+
+
+def load_layers(path: Path, config_dir: str, _seen: tuple[Path, ...] = ()) -> list[Layer]:
+    """The file's bases (its `defaults:` list, in order) come first, then the file itself."""
+    path = path.resolve()
+    if path in _seen:
+        chain = " -> ".join(_label(p) for p in (*_seen, path))
+        raise UserError(f"{_label(path)}: circular defaults: {chain}")
+    data = read_yaml(path)
+    bases = data.pop("defaults", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise UserError(f"{_label(path)}: defaults must be a config name or a list of names, got {bases!r}")
+    layers: list[Layer] = []
+    for base in bases:
+        layers += load_layers(_find_base(base, path, config_dir), config_dir, (*_seen, path))
+    layers.append(Layer(_label(path), flatten(data)))
+    return layers
+
+
+def _find_base(name: str, child: Path, config_dir: str) -> Path:
+    file = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    for folder in (child.parent, CONFIGS_DIR / config_dir):
+        if (folder / file).is_file():
+            return folder / file
+    raise UserError(f"{_label(child)}: defaults names '{name}', which is not a config next to it or of this stage")
+
+
+def _label(path: Path) -> str:
+    try:
+        return f"configs/{path.relative_to(CONFIGS_DIR.resolve()).as_posix()}"
+    except ValueError:
+        return str(path)
+
+
+def read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{_label(path)}{at}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{_label(path)}: must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: `1e-4` is a number, as in OmegaConf, not a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+"
+               r"|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"),
+    list("-+0123456789."),
+)
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+
+
+def parse_overrides(tokens: list[str]) -> Layer:
+    """`a.b=value` tokens; values are typed like YAML (numbers, true/false, null, [lists])."""
+    values: dict[str, Any] = {}
+    for token in tokens:
+        key, eq, raw = token.partition("=")
+        if not eq:
+            raise UserError(f"'{token}': not an option or a key=value override; overrides look like model.seq_length=4096")
+        if not _KEY.match(key):
+            raise UserError(f"'{token}': '{key}' is not a dotted config key (e.g. train.train_iters=10)")
+        value = parse_value(raw, token)
+        if isinstance(value, dict) and value:
+            values.update(flatten(value, f"{key}."))
+        else:
+            values[key] = value
+    return Layer(CLI_SOURCE, values)
+
+
+def parse_value(raw: str, token: str = "") -> Any:
+    if raw == "":
+        return ""
+    try:
+        return yaml.load(raw, Loader=_Loader)
+    except yaml.YAMLError:
+        raise UserError(f"'{token}': cannot parse the value '{raw}'; quote strings with special characters") from None
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Later layers win key by key. Returns the flat values and, per key, the layer that set it."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for layer in layers:
+        for key, value in layer.values.items():
+            # a leaf replaces a whole table (and the other way round)
+            for old in [k for k in values if k.startswith(key + ".") or key.startswith(k + ".")]:
+                del values[old]
+                origin.pop(old, None)
+            values[key] = value
+            origin[key] = layer.source
+    return values, origin
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def resolve(tree: dict[str, Any]) -> dict[str, Any]:
+    """Resolve `${a.b}` interpolations with OmegaConf; a dangling reference names its key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "config"
+        msg = str(e).splitlines()[0]
+        raise UserError(f"{key}: cannot resolve the interpolation: {msg}") from None

@@ -1,0 +1,42 @@
+"""Facts about the GPU types a profile can name, and the GPUs visible on this machine."""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    compute_capability: tuple[int, int]
+    memory_gb: float  # usable HBM per GPU
+    nvlink_domain: int  # GPUs that share one NVLink domain
+
+    @property
+    def supports_nvfp4(self) -> bool:
+        # Transformer Engine trains in NVFP4 on SM 10.0 and 10.3 only (B200/GB200, B300/GB300).
+        return self.compute_capability in ((10, 0), (10, 3))
+
+
+GPU_TYPES: dict[str, GpuType] = {
+    g.name: g
+    for g in (
+        GpuType("h100", (9, 0), 80, 8),
+        GpuType("h200", (9, 0), 141, 8),
+        GpuType("b200", (10, 0), 180, 8),
+        GpuType("gb200", (10, 0), 186, 72),
+        GpuType("gb300", (10, 3), 288, 72),
+    )
+}
+
+
+def visible_gpu_count() -> int:
+    """NVIDIA GPUs this process may use, without importing torch or calling nvidia-smi."""
+    devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return len(devices)
+    ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    return min(len(ids), len(devices))

@@ -1,0 +1,83 @@
+"""From a compiled job to what runs: the in-job command, and the Slurm request that wraps it.
+
+The same SlurmSpec builds NeMo-Run's SlurmExecutor at submission and our rendering of its sbatch
+script in the dry run, so the two cannot drift apart (tests compare them on a real cluster).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..compile import Job
+
+# The in-job entry point: preflight first, then torchrun / Ray / a process, per the stage's launch.
+ENTRY = "recipes/launch.py"
+CONFIG_FILE = "config.yaml"
+HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"
+
+
+def task_name(job: Job) -> str:
+    return "-".join(job.stage.words)
+
+
+def job_command(python: str = "python") -> list[str]:
+    return [python, ENTRY, "--config", CONFIG_FILE]
+
+
+@dataclass
+class SlurmSpec:
+    task: str
+    job_name: str
+    account: str
+    nodes: int
+    ntasks_per_node: int
+    time: str
+    partition: str | None = None
+    qos: str | None = None
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    exclusive: bool | None = None
+    constraint: str | None = None
+    additional: dict[str, str] = field(default_factory=dict)
+    container_image: str | None = None
+    container_mounts: list[str] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)  # values already shell-quoted
+    setup_lines: str | None = None
+    command: list[str] = field(default_factory=job_command)
+    job_dir: str = ""  # the experiment dir: <job_dir>/<task>/code is the working directory
+
+
+def slurm_spec(job: Job, job_dir: str) -> SlurmSpec:
+    run: dict[str, Any] = job.config["run"]
+    env = {k: shlex.quote(str(v)) for k, v in (run.get("env") or {}).items()}
+    # Multi-node torchrun/Ray need the first node's address; NeMo-Run's script computes it.
+    env[HEAD_NODE_VAR] = "$head_node_ip"
+    gpus = run.get("gpus_per_node") or None
+    return SlurmSpec(
+        task=task_name(job),
+        job_name=f"{run.get('job_name_prefix') or 'ultra3.'}{task_name(job)}",
+        account=run["account"],
+        nodes=run.get("nodes") or 1,
+        ntasks_per_node=1,  # one launcher per node; it starts the per-GPU ranks
+        time=run.get("time") or "04:00:00",
+        partition=run.get("partition"),
+        qos=run.get("qos"),
+        gpus_per_node=gpus,
+        cpus_per_task=run.get("cpus_per_task"),
+        mem=run.get("mem"),
+        exclusive=True if run.get("exclusive") else None,
+        constraint=run.get("constraint"),
+        additional={"reservation": run["reservation"]} if run.get("reservation") else {},
+        container_image=run.get("container_image"),
+        container_mounts=list(run.get("mounts") or []),
+        env_vars=env,
+        setup_lines="\n".join(run.get("setup") or []) or None,
+        job_dir=job_dir,
+    )
+
+
+def local_command(job: Job) -> list[str]:
+    return job_command()

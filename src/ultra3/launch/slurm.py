@@ -1,0 +1,99 @@
+"""Submission to Slurm through NeMo-Run: from the login node (LocalTunnel) or over SSH."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from ..compile import Job
+from ..errors import ClusterError
+from ..jobs import JobRecord
+from ..paths import nemorun_home
+from .jobdir import write_code_dir
+from .plan import ENTRY, CONFIG_FILE, SlurmSpec, slurm_spec
+
+
+def jobs_root(job: Job) -> str:
+    """The folder of this stage's experiment dirs: the profile's job_dir, else under NEMORUN_HOME."""
+    base = job.config["run"].get("job_dir")
+    if job.config["run"].get("host"):
+        return base  # NeMo-Run's SSHTunnel puts experiments at <job_dir>/<title>/<id>
+    return f"{base or nemorun_home()}/experiments"
+
+
+def experiment_dir(job: Job, job_id: str) -> str:
+    return f"{jobs_root(job)}/{job.stage.slug}/{job_id}"
+
+
+def ssh_settings(job: Job) -> dict | None:
+    run = job.config["run"]
+    if not run.get("host"):
+        return None
+    return {k: run.get(k) for k in ("host", "user", "port", "identity")}
+
+
+def _import_nemo_run():
+    # NeMo-Run reads NEMORUN_HOME when imported; keep its state next to ours unless the user chose.
+    os.environ.setdefault("NEMORUN_HOME", str(nemorun_home()))
+    import nemo_run
+
+    return nemo_run
+
+
+def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path):
+    run = _import_nemo_run()
+    if ssh:
+        tunnel = run.SSHTunnel(host=ssh["host"], user=ssh["user"], job_dir=root, port=ssh.get("port"),
+                               identity=os.path.expanduser(ssh["identity"]) if ssh.get("identity") else None)
+    else:
+        # sbatch reads the script from the tunnel's job_dir, so it must be where the experiment is written
+        tunnel = run.LocalTunnel(job_dir=root)
+    return run.SlurmExecutor(
+        account=spec.account, partition=spec.partition, qos=spec.qos, time=spec.time, nodes=spec.nodes,
+        ntasks_per_node=spec.ntasks_per_node, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
+        mem=spec.mem, exclusive=spec.exclusive, constraint=spec.constraint,
+        additional_parameters=spec.additional or None, container_image=spec.container_image,
+        container_mounts=spec.container_mounts, env_vars=spec.env_vars, setup_lines=spec.setup_lines,
+        job_name_prefix=spec.job_name[: -len(spec.task)], tunnel=tunnel, poll_estimated_start_time=False,
+        packager=run.PatternPackager(include_pattern=f"{staging}/*", relative_path=str(staging)),
+    )
+
+
+def submit(job: Job, job_id: str) -> JobRecord:
+    ssh = ssh_settings(job)
+    exp_dir = experiment_dir(job, job_id)
+    spec = slurm_spec(job, job_dir=exp_dir)
+    with tempfile.TemporaryDirectory(prefix="ultra3-") as tmp:
+        staging = Path(tmp)
+        write_code_dir(job, job_id, exp_dir, staging)
+        run = _import_nemo_run()
+        executor = build_executor(spec, ssh, jobs_root(job), staging)
+        base_dir = None if ssh else str(Path(jobs_root(job)).parent)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True, base_dir=base_dir,
+                                    enable_goodbye_message=False) as exp:
+                    exp.add(run.Script(path=ENTRY, entrypoint="python", args=["--config", CONFIG_FILE]),
+                            name=spec.task, tail_logs=False)
+                    exp.run(detach=True)
+        except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
+            raise ClusterError(f"submission failed: {_first_line(e)}") from None
+        handle = exp.jobs[0].handle or ""
+    slurm_id = handle.rsplit("/", 1)[-1]
+    if not slurm_id.isdigit():
+        raise ClusterError(f"submission failed: NeMo-Run returned no Slurm job id ({handle!r})")
+    return JobRecord(
+        id=job_id, stage=job.stage.name, config=job.options.config, executor="slurm", mode=job.mode,
+        submitted=0, job_dir=exp_dir, task=spec.task, log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out",
+        profile=job.profile.name if job.profile else None, slurm_id=slurm_id, ssh=ssh,
+    )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e)
+    errors = re.findall(r"(?:sbatch|ssh|rsync): error:.*|error: .*", text)
+    return (errors[0] if errors else text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:300]

@@ -1,0 +1,31 @@
+"""Where the shipped configs and runtime recipes are (inside an installed wheel, or at the top of a
+source checkout), and where the launcher keeps its own state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _shipped(name: str) -> Path:
+    installed = _PACKAGE / name  # pip install . puts configs/ and recipes/ inside the package
+    return installed if installed.is_dir() else _PACKAGE.parents[1] / name
+
+
+CONFIGS_DIR = _shipped("configs")
+RECIPES_DIR = _shipped("recipes")
+
+
+def config_names(config_dir: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS_DIR / config_dir).glob("*.yaml"))
+
+
+def state_home() -> Path:
+    """$NEMOTRON_HOME (default ~/.nemotron): the job registry and the job dirs of local runs."""
+    return Path(os.environ.get("NEMOTRON_HOME") or Path.home() / ".nemotron").expanduser()
+
+
+def nemorun_home() -> Path:
+    return Path(os.environ.get("NEMORUN_HOME") or state_home() / "nemo_run").expanduser()

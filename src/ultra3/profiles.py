@@ -1,0 +1,130 @@
+"""env.toml profiles: discovery, `extends` inheritance and a per-executor schema.
+
+Every top-level table is a profile. A profile names its `executor` and sets `run.*` keys of the
+stage config (account, partition, gpu, gpus_per_node, container_image, mounts, env, time, setup, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidConfig, UserError
+from .findings import Finding, Report
+from .schema import EXECUTORS, RUN_KEYS, check, run_schema, suggest
+
+ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
+
+
+@dataclass
+class Profile:
+    name: str
+    executor: str
+    values: dict[str, Any]  # run.* keys, without `executor` and `extends`
+    file: Path
+
+    @property
+    def source(self) -> str:
+        return f"profile '{self.name}' ({self.file.name})"
+
+
+def find_env_file(explicit: str | None = None) -> Path | None:
+    """--env-file, else $NEMOTRON_ENV_FILE, else the first env.toml walking up from the cwd."""
+    given = explicit or os.environ.get(ENV_FILE_VAR)
+    if given:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            origin = "--env-file" if explicit else ENV_FILE_VAR
+            raise UserError(f"{origin}: no such file '{given}'")
+        return path
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / "env.toml").is_file():
+            return folder / "env.toml"
+    return None
+
+
+def read_env_file(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: invalid TOML: {e}") from None
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise UserError(f"{path}: top-level key '{name}' must be a [profile] table")
+    return data
+
+
+def profile_names(explicit: str | None = None) -> tuple[Path | None, list[str]]:
+    """For --help: never raises."""
+    try:
+        path = find_env_file(explicit)
+        return path, sorted(read_env_file(path)) if path else []
+    except UserError:
+        return None, []
+
+
+def load_profile(name: str, env_file: str | None = None, flag: str = "--run") -> Profile:
+    path = find_env_file(env_file)
+    if path is None:
+        raise UserError(f"{flag} {name}: no env.toml found (looked in --env-file, ${ENV_FILE_VAR}, and from the "
+                        "current directory upwards); copy env.toml.example to ./env.toml")
+    profiles = read_env_file(path)
+    values = _inherit(name, profiles, path, flag, ())
+    executor = values.pop("executor", None)
+    if executor not in EXECUTORS:
+        got = f"'{executor}'" if executor else "none"
+        raise UserError(f"{path} [{name}]: executor is {got}; set executor = \"slurm\" or \"local\"")
+    report = Report()
+    check_run_keys(values, executor, report, {})
+    for var in values.get("env") or {}:
+        if SECRET_NAME.search(var):
+            report.error(f"env.{var}", f"secrets don't belong in env.toml: export {var} in the submitting "
+                                       "shell; the job inherits it from the environment")
+    if report.errors:
+        where = f"{path.name} [{name}]"
+        raise InvalidConfig([Finding("error", f"{where} {f.key}", f.message) for f in report.errors])
+    return Profile(name, executor, values, path)
+
+
+def check_run_keys(values: dict[str, Any], executor: str, report: Report, origin: dict[str, str],
+                   prefix: str = "") -> None:
+    """Unknown keys, wrong types, and keys of another executor (run.account on the local executor)."""
+    schema = run_schema(executor)
+    check({k: v for k, v in values.items() if k not in RUN_KEYS or k in schema}, schema, report, origin, prefix)
+    for key in values:
+        if key in RUN_KEYS and key not in schema:
+            users = " and ".join(RUN_KEYS[key][1])
+            report.error(f"{prefix}{key}", f"is only used by the {users} executor, not {executor}; remove it "
+                                           "or pick a profile with --run/--batch")
+
+
+def _inherit(name: str, profiles: dict, path: Path, flag: str, chain: tuple[str, ...]) -> dict[str, Any]:
+    if name in chain:
+        raise UserError(f"{path}: circular extends: {' -> '.join((*chain, name))}")
+    if name not in profiles:
+        where = f"[{chain[-1]}] extends" if chain else flag
+        known = ", ".join(sorted(profiles)) or "none"
+        raise UserError(f"{where} '{name}': no such profile in {path} (profiles: {known}; {suggest(name, list(profiles))})")
+    table = dict(profiles[name])
+    parent = table.pop("extends", None)
+    if parent is None:
+        return table
+    if not isinstance(parent, str):
+        raise UserError(f"{path} [{name}]: extends must be a profile name, got {parent!r}")
+    merged = _inherit(parent, profiles, path, flag, (*chain, name))
+    for key, value in table.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged

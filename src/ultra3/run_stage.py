@@ -1,0 +1,23 @@
+"""What a stage command does once its arguments are parsed: compile, then dry-run or launch."""
+
+from __future__ import annotations
+
+from .compile import Options, compile_job
+from .errors import UserError
+from .stages import Stage
+
+
+def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
+    options = Options(config=given["config"] or "default", run=given["run"], batch=given["batch"],
+                      dry_run=given["dry_run"], env_file=given["env_file"], overrides=overrides)
+    if options.run and options.batch:
+        raise UserError("--run and --batch: choose one (--run follows the job, --batch returns after submitting)")
+    job = compile_job(stage, options)
+    if options.dry_run:
+        from .dryrun import print_dry_run
+
+        print_dry_run(job)
+        return
+    from .launch import launch
+
+    launch(job)

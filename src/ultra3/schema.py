@@ -1,0 +1,231 @@
+"""Typed schema of the stage configs: unknown keys and wrong types are errors with a did-you-mean.
+
+A schema is a nested dict: section -> {key: type}. Types are int, float, str, bool, a list type
+(``list[str]``, ``list[int]``), ``dict`` (a free-form str -> str table) or a nested schema dict.
+Every leaf may be null. Keys under ``model``/``train``/... are Megatron-Bridge ConfigContainer names.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from .findings import Report
+
+ANY_LIST = list
+Schema = dict[str, Any]
+
+# Executor settings: the `run` section of every stage, fed by the stage config, the env.toml profile
+# and the command line. `executors` lists which executors read the key.
+RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "nodes": (int, ("local", "slurm")),
+    "gpus_per_node": (int, ("local", "slurm")),
+    "cpus_per_task": (int, ("slurm",)),
+    "gpu": (str, ("local", "slurm")),
+    "nvlink_domain_size": (int, ("local", "slurm")),
+    "env": (dict, ("local", "slurm")),
+    "setup": (list[str], ("local", "slurm")),
+    "time": (str, ("slurm",)),
+    "container_image": (str, ("slurm",)),
+    "mounts": (list[str], ("slurm",)),
+    "account": (str, ("slurm",)),
+    "partition": (str, ("slurm",)),
+    "qos": (str, ("slurm",)),
+    "mem": (str, ("slurm",)),
+    "exclusive": (bool, ("slurm",)),
+    "constraint": (str, ("slurm",)),
+    "reservation": (str, ("slurm",)),
+    "job_name_prefix": (str, ("slurm",)),
+    "host": (str, ("slurm",)),
+    "user": (str, ("slurm",)),
+    "port": (int, ("slurm",)),
+    "identity": (str, ("slurm",)),
+    "job_dir": (str, ("slurm",)),
+}
+EXECUTORS = ("local", "slurm")
+
+
+def run_schema(executor: str) -> Schema:
+    return {k: t for k, (t, used_by) in RUN_KEYS.items() if executor in used_by}
+
+
+_PARALLEL = {
+    "tensor_model_parallel_size": int,
+    "pipeline_model_parallel_size": int,
+    "virtual_pipeline_model_parallel_size": int,
+    "pipeline_model_parallel_layout": str,
+    "context_parallel_size": int,
+    "expert_model_parallel_size": int,
+    "expert_tensor_parallel_size": int,
+    "sequence_parallel": bool,
+}
+
+MODEL: Schema = {
+    **_PARALLEL,
+    "num_layers": int,
+    "hybrid_layer_pattern": str,
+    "mtp_hybrid_override_pattern": str,
+    "hidden_size": int,
+    "ffn_hidden_size": int,
+    "num_attention_heads": int,
+    "num_query_groups": int,
+    "kv_channels": int,
+    "mamba_num_heads": int,
+    "mamba_head_dim": int,
+    "mamba_state_dim": int,
+    "mamba_num_groups": int,
+    "num_moe_experts": int,
+    "moe_router_topk": int,
+    "moe_router_topk_scaling_factor": float,
+    "moe_ffn_hidden_size": int,
+    "moe_shared_expert_intermediate_size": int,
+    "moe_latent_size": int,
+    "moe_token_dispatcher_type": str,
+    "moe_flex_dispatcher_backend": str,
+    "moe_aux_loss_coeff": float,
+    "moe_router_padding_for_quantization": bool,
+    "mtp_num_layers": int,
+    "mtp_loss_scaling_factor": float,
+    "vocab_size": int,
+    "seq_length": int,
+    "init_method_std": float,
+    "recompute_granularity": str,
+    "recompute_method": str,
+    "recompute_num_layers": int,
+    "recompute_modules": list[str],
+    "first_last_layers_bf16": bool,
+    "num_layers_at_start_in_bf16": int,
+    "num_layers_at_end_in_bf16": int,
+    "fp8_recipe": str,
+    "cuda_graph_impl": str,
+}
+
+TRAINING: Schema = {
+    "run": None,  # filled per executor by the caller
+    "recipe": {"hf_model": str, "hf_revision": str, "pretrained_checkpoint": str},
+    "mixed_precision": str,
+    "model": MODEL,
+    "ddp": {
+        "grad_reduce_in_fp32": bool,
+        "overlap_grad_reduce": bool,
+        "overlap_param_gather": bool,
+        "use_distributed_optimizer": bool,
+    },
+    "train": {
+        "train_iters": int,
+        "global_batch_size": int,
+        "micro_batch_size": int,
+        "manual_gc": bool,
+        "exit_duration_in_mins": int,
+    },
+    "validation": {"eval_interval": int, "eval_iters": int},
+    "optimizer": {
+        "optimizer": str,
+        "lr": float,
+        "min_lr": float,
+        "weight_decay": float,
+        "adam_beta1": float,
+        "adam_beta2": float,
+        "adam_eps": float,
+        "clip_grad": float,
+    },
+    "scheduler": {
+        "lr_decay_style": str,
+        "lr_wsd_decay_style": str,
+        "lr_warmup_iters": int,
+        "lr_decay_iters": int,
+        "lr_wsd_decay_iters": int,
+    },
+    "dataset": {
+        "blend_path": str,
+        "packed_dir": str,
+        "pack_size": int,
+        "mock": bool,
+        "num_workers": int,
+    },
+    "checkpoint": {
+        "save": str,
+        "load": str,
+        "save_interval": int,
+        "async_save": bool,
+    },
+    "logger": {
+        "log_interval": int,
+        "tensorboard_dir": str,
+        "wandb_project": str,
+        "wandb_entity": str,
+        "wandb_exp_name": str,
+    },
+    "rng": {"seed": int},
+    "dist": {"distributed_timeout_minutes": int},
+}
+
+DATA_PREP: Schema = {
+    "run": None,
+    "inputs": list,  # datasets of the blend; their schema arrives with the data-prep runtime
+    "tokenizer": str,
+    "text_field": str,
+    "output_dir": str,
+    "num_shards": int,
+    "pack_size": int,
+    "sample": int,
+    "force": bool,
+}
+
+
+def type_name(t: Any) -> str:
+    if isinstance(t, dict):
+        return "a table"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+            dict: "a table of strings", list: "a list"}.get(t, f"a {t}".replace("list[", "list of ").rstrip("]"))
+
+
+def matches(value: Any, t: Any) -> bool:
+    if value is None:
+        return True
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is str:
+        return isinstance(value, str)
+    if t is dict:
+        return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
+    if t is list:
+        return isinstance(value, list)
+    if getattr(t, "__origin__", None) is list:
+        (item,) = t.__args__
+        return isinstance(value, list) and all(matches(v, item) for v in value)
+    raise TypeError(f"unsupported schema type {t!r}")
+
+
+def suggest(key: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(choices))}"
+
+
+def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], prefix: str = "") -> None:
+    """Report every unknown key and wrongly typed value of `tree`; `origin` maps a dotted key to
+    where it was set, so each error names the file or the command line to fix."""
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        where = _where(path, origin)
+        if key not in schema:
+            report.error(path, f"unknown key{where}; {suggest(key, list(schema))}")
+            continue
+        t = schema[key]
+        if isinstance(t, dict):
+            if isinstance(value, dict):
+                check(value, t, report, origin, f"{path}.")
+            elif value is not None:
+                report.error(path, f"must be a table of keys, got {value!r}{where}")
+        elif not matches(value, t):
+            report.error(path, f"must be {type_name(t)}, got {value!r}{where}")
+
+
+def _where(path: str, origin: dict[str, str]) -> str:
+    # a table's own key has no origin; the first of its leaves tells where it came from
+    src = origin.get(path) or next((v for k, v in origin.items() if k.startswith(path + ".")), None)
+    return f" (set in {src})" if src else ""

@@ -1,0 +1,68 @@
+"""The stage registry: one entry per `ultra3 <stage>` command. It drives the CLI, validation and
+launch; a new stage is a config dir, a runtime recipe and an entry here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+Launch = Literal["torchrun", "ray", "process"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    words: tuple[str, ...]  # the command path under `ultra3`, e.g. ("data", "prep", "sft")
+    summary: str
+    config_dir: str  # under configs/
+    recipe: str  # the runtime script under recipes/, run inside the job
+    launch: Launch  # torchrun over the GPUs of each node, a Ray cluster, or one process
+    schema: str  # name of the schema in ultra3.schema
+    validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
+    examples: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.words)
+
+    @property
+    def slug(self) -> str:  # job names, directories
+        return "ultra3-" + "-".join(self.words)
+
+    def validate(self) -> Callable | None:
+        if not self.validator:
+            return None
+        from importlib import import_module
+
+        module, _, attr = self.validator.rpartition(".")
+        return getattr(import_module(module), attr)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        ("pretrain",), "Pretrain Nemotron 3 Ultra with Megatron-Bridge (NVFP4 by default).",
+        "pretrain", "pretrain.py", "torchrun", "TRAINING", "ultra3.validation.validate_training",
+        examples=(
+            "ultra3 pretrain -c tiny --dry-run",
+            "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json",
+            "ultra3 pretrain -c tiny --run mycluster train.train_iters=20",
+        ),
+    ),
+    Stage(
+        ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.",
+        "sft", "sft.py", "torchrun", "TRAINING", "ultra3.validation.validate_training",
+        examples=(
+            "ultra3 sft -c tiny --dry-run",
+            "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
+        ),
+    ),
+    Stage(
+        ("data", "prep", "pretrain"), "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
+        "data_prep/pretrain", "data_prep_pretrain.py", "ray", "DATA_PREP",
+        examples=("ultra3 data prep pretrain -c tiny --dry-run", "ultra3 data prep pretrain --batch mycluster"),
+    ),
+    Stage(
+        ("data", "prep", "sft"), "Render, mask and pack SFT conversations into Parquet on Ray.",
+        "data_prep/sft", "data_prep_sft.py", "ray", "DATA_PREP",
+        examples=("ultra3 data prep sft -c tiny --dry-run", "ultra3 data prep sft --batch mycluster"),
+    ),
+)
