@@ -17,7 +17,7 @@ from .profiles import SECRET_NAME, Profile, check_run_keys, load_profile
 from .stages import Stage
 
 Mode = Literal["local", "attached", "detached"]
-JOB_DIR_PLACEHOLDER = "<job_dir>"
+JOB_DIR_PLACEHOLDER = "@JOB_DIR@"
 THIS_MACHINE = "this machine"
 
 

@@ -47,7 +47,8 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
         out.write(f"{key:<{width}} = {_inline(value)}  <- {changed[key]}\n")
 
     _section(out, "compiled config")
-    out.write(yaml.safe_dump(mask(job.config), sort_keys=False, default_flow_style=None, width=100))
+    config = {"run": job.config["run"], **{k: v for k, v in job.config.items() if k != "run"}}
+    out.write(yaml.safe_dump(mask(config), sort_keys=False))
 
     _section(out, "resources")
     gpus = run.get("gpus_per_node") or 0
@@ -63,7 +64,7 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
     if job.executor == "slurm":
         spec = slurm_spec(job, job_dir=JOB_DIR_PLACEHOLDER)
         _section(out, "sbatch script (as NeMo-Run submits it)")
-        out.write(render_sbatch(spec))
+        out.write(render_sbatch(spec) + "\n")
     else:
         _section(out, "local command")
         out.write(" ".join(local_command(job)) + "\n")

@@ -28,4 +28,5 @@ def state_home() -> Path:
 
 
 def nemorun_home() -> Path:
-    return Path(os.environ.get("NEMORUN_HOME") or state_home() / "nemo_run").expanduser()
+    # not ".../nemo_run": NeMo-Run rewrites "/nemo_run" in container-less scripts
+    return Path(os.environ.get("NEMORUN_HOME") or state_home() / "nemorun").expanduser()

@@ -17,12 +17,16 @@ from .jobdir import write_code_dir
 from .plan import ENTRY, CONFIG_FILE, SlurmSpec, slurm_spec
 
 
+def nemorun_base(job: Job) -> str:
+    """NeMo-Run's home for a login-node submission: the profile's job_dir, else NEMORUN_HOME."""
+    return job.config["run"].get("job_dir") or str(nemorun_home())
+
+
 def jobs_root(job: Job) -> str:
-    """The folder of this stage's experiment dirs: the profile's job_dir, else under NEMORUN_HOME."""
-    base = job.config["run"].get("job_dir")
+    """The folder that holds the experiment dirs (<root>/<title>/<id>)."""
     if job.config["run"].get("host"):
-        return base  # NeMo-Run's SSHTunnel puts experiments at <job_dir>/<title>/<id>
-    return f"{base or nemorun_home()}/experiments"
+        return job.config["run"]["job_dir"]  # NeMo-Run's SSHTunnel: <job_dir>/<title>/<id> on the cluster
+    return f"{nemorun_base(job)}/experiments"
 
 
 def experiment_dir(job: Job, job_id: str) -> str:
@@ -36,22 +40,22 @@ def ssh_settings(job: Job) -> dict | None:
     return {k: run.get(k) for k in ("host", "user", "port", "identity")}
 
 
-def _import_nemo_run():
-    # NeMo-Run reads NEMORUN_HOME when imported; keep its state next to ours unless the user chose.
-    os.environ.setdefault("NEMORUN_HOME", str(nemorun_home()))
+def _import_nemo_run(home: str):
+    # NeMo-Run reads NEMORUN_HOME when imported, and a LocalTunnel only works with job_dir="" (that is,
+    # $NEMORUN_HOME/experiments): so the home is where this job's experiment dir must go.
+    os.environ["NEMORUN_HOME"] = home
     import nemo_run
 
     return nemo_run
 
 
-def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path):
-    run = _import_nemo_run()
+def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path, home: str):
+    run = _import_nemo_run(home)
     if ssh:
         tunnel = run.SSHTunnel(host=ssh["host"], user=ssh["user"], job_dir=root, port=ssh.get("port"),
                                identity=os.path.expanduser(ssh["identity"]) if ssh.get("identity") else None)
     else:
-        # sbatch reads the script from the tunnel's job_dir, so it must be where the experiment is written
-        tunnel = run.LocalTunnel(job_dir=root)
+        tunnel = run.LocalTunnel(job_dir="")
     return run.SlurmExecutor(
         account=spec.account, partition=spec.partition, qos=spec.qos, time=spec.time, nodes=spec.nodes,
         ntasks_per_node=spec.ntasks_per_node, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
@@ -70,12 +74,12 @@ def submit(job: Job, job_id: str) -> JobRecord:
     with tempfile.TemporaryDirectory(prefix="ultra3-") as tmp:
         staging = Path(tmp)
         write_code_dir(job, job_id, exp_dir, staging)
-        run = _import_nemo_run()
-        executor = build_executor(spec, ssh, jobs_root(job), staging)
-        base_dir = None if ssh else str(Path(jobs_root(job)).parent)
+        home = str(nemorun_home()) if ssh else nemorun_base(job)
+        executor = build_executor(spec, ssh, jobs_root(job), staging, home)
+        run = _import_nemo_run(home)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True, base_dir=base_dir,
+                with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True,
                                     enable_goodbye_message=False) as exp:
                     exp.add(run.Script(path=ENTRY, entrypoint="python", args=["--config", CONFIG_FILE]),
                             name=spec.task, tail_logs=False)
