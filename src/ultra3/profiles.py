@@ -114,7 +114,9 @@ def _inherit(name: str, profiles: dict, path: Path, flag: str, chain: tuple[str,
     if name not in profiles:
         where = f"[{chain[-1]}] extends" if chain else flag
         known = ", ".join(sorted(profiles)) or "none"
-        raise UserError(f"{where} '{name}': no such profile in {path} (profiles: {known}; {suggest(name, list(profiles))})")
+        hint = suggest(name, list(profiles))
+        hint = f"; {hint}" if hint.startswith("did you mean") else ""
+        raise UserError(f"{where} '{name}': no such profile in {path} (profiles: {known}){hint}")
     table = dict(profiles[name])
     parent = table.pop("extends", None)
     if parent is None:

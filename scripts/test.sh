@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite on a fresh machine: a virtualenv with the launcher and its
+# test tools, the local Slurm cluster (as root), then pytest. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv
+.venv/bin/pip install --quiet --upgrade pip
+.venv/bin/pip install --quiet -e '.[test]'
+
+if [ "$(id -u)" = 0 ]; then
+    bash scripts/slurm-local/start.sh
+else
+    echo "not root: the local Slurm cluster is not started; Slurm tests run only if one is reachable" >&2
+fi
+
+export PATH="$PWD/.venv/bin:$PATH"
+exec python -m pytest "$@"

@@ -1,0 +1,43 @@
+"""Validation rules run over a resolved training config before every submission (and by --dry-run).
+
+One module per concern, each with ``check(cfg, report)``; they read the config with missing/None-tolerant helpers,
+collect every finding (none stops at the first) and add derived facts and printable tables to the report:
+
+* cluster      nodes, GPUs per node, GPU type: ONE warning per unknown, the other checks skip quietly
+* parallelism  world vs TP·PP·CP and the expert mesh, layers/experts/heads per rank, hybrid layer pattern
+* sequence     seq_length vs CP and SP, packed-SFT pack size
+* batch        GBS vs MBS·DP, microbatches and the pipeline bubble
+* precision    NVFP4/MXFP8 vs the GPU, NVFP4 pitfalls, FP32 gradient reduction with MTP, the BF16 layer set
+* topology     TP inside a node, the expert group inside the NVLink domain (HybridEP)
+* schedule     token budget, warmup/decay in iterations and tokens, LR schedule sanity
+* memory       parameter counts and a per-GPU memory estimate against the GPU's HBM
+
+Stdlib only and no I/O: the whole validation runs in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+from ultra3.findings import Report
+
+from . import batch, cluster, memory, parallelism, precision, schedule, sequence, topology
+
+RULES = (cluster, parallelism, sequence, batch, precision, topology, schedule, memory)
+
+__all__ = ["RULES", "validate_training"]
+
+
+def validate_training(cfg: dict, report: Report) -> None:
+    """Run every rule module over the merged, resolved config; findings, facts and tables go into `report`."""
+    if not isinstance(cfg, dict):
+        report.error("config", f"the training config is a {type(cfg).__name__}, not a mapping")
+        return
+    for rules in RULES:
+        try:
+            rules.check(cfg, report)
+        except Exception as exc:  # a rule bug must not block a submission; say so loudly instead
+            name = rules.__name__.rsplit(".", 1)[-1]
+            report.warn(
+                f"validation.{name}",
+                f"internal error in the {name} rules ({type(exc).__name__}: {exc}); its checks did not run, "
+                "please report this",
+            )

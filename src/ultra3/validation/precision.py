@@ -1,0 +1,137 @@
+"""Mixed precision: what the GPU type can run, NVFP4 pitfalls, and gradient reduction with MTP.
+
+`mixed_precision` is a Megatron-Bridge preset name (bf16_mixed, bf16_with_nvfp4_mixed,
+nemotron_3_ultra_bf16_with_nvfp4_mixed, bf16_with_mxfp8_mixed, bf16_with_fp8_current_scaling_mixed, ...) or a
+MixedPrecisionConfig-like dict. A name with "nvfp4" is NVFP4, "mxfp8" is MXFP8, any other "fp8" is FP8.
+
+* NVFP4 trains on SM 10.0/10.3 only (Transformer Engine; no Hopper path): error elsewhere. MXFP8 needs SM ≥ 10.0,
+  other FP8 SM ≥ 8.9.
+* NVFP4 with model.fp8_recipe or model.fp8 set: error (FP4 and FP8 are exclusive; an inherited fp8_recipe caused
+  MB PR#2764's memory spike).
+* NVFP4 primary weights (fp4_param_gather) with Megatron-FSDP: error (no NVFP4 packed storage, MB PR#5920); with
+  CUDA graphs: warning (OOM on GB300, MB#3500).
+* ddp.grad_reduce_in_fp32=false with MTP layers: warning (the Ultra run diverged at ~8T tokens that way).
+* NVFP4: a note with the layers that stay BF16, or a warning when none (or all) do.
+"""
+
+from __future__ import annotations
+
+from ultra3.gpus import GPU_TYPES
+
+from ._common import (
+    bf16_layer_counts,
+    flag,
+    fp4_param_gather,
+    get,
+    gpu_type,
+    is_int,
+    pos_int,
+    precision,
+    precision_knob,
+)
+
+BLACKWELL = ", ".join(name for name, g in GPU_TYPES.items() if g.supports_nvfp4)
+
+
+def check(cfg: dict, report) -> None:
+    _grad_reduce(cfg, report)
+    prec = precision(cfg)
+    if prec is None:
+        return
+    report.facts["precision"] = "nvfp4" if prec.nvfp4 else "mxfp8" if prec.mxfp8 else "fp8" if prec.fp8 else "bf16"
+    _hardware(cfg, prec, report)
+    if prec.nvfp4:
+        _nvfp4(cfg, prec, report)
+
+
+def _grad_reduce(cfg: dict, report) -> None:
+    mtp = get(cfg, "model.mtp_num_layers")
+    if flag(cfg, "ddp.grad_reduce_in_fp32") is False and is_int(mtp) and mtp > 0:
+        report.warn(
+            "ddp.grad_reduce_in_fp32",
+            f"BF16 gradient reduction with {mtp} MTP layers: Ultra pretraining diverged at ~8T tokens when the "
+            "output layer's gradient accumulation dropped to BF16 (the MTP wgrad contributions were lost); "
+            "keep ddp.grad_reduce_in_fp32=true",
+        )
+
+
+def _hardware(cfg: dict, prec, report) -> None:
+    gpu = gpu_type(cfg)
+    if gpu is None:
+        return  # cluster.check warned once
+    cc = f"SM {gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
+    if prec.nvfp4 and not gpu.supports_nvfp4:
+        report.error(
+            "mixed_precision",
+            f"{prec.name} trains in NVFP4, which needs SM 10.0/10.3 (Blackwell), but {gpu.name} is {cc}; "
+            f"use a Blackwell profile ({BLACKWELL}) or set mixed_precision=bf16_mixed",
+        )
+    elif prec.mxfp8 and gpu.compute_capability < (10, 0):
+        report.error(
+            "mixed_precision",
+            f"{prec.name} trains in MXFP8, which needs SM 10.0+ (Blackwell), but {gpu.name} is {cc}; use a "
+            f"Blackwell profile ({BLACKWELL}) or set mixed_precision=bf16_with_fp8_current_scaling_mixed or bf16_mixed",
+        )
+    elif prec.fp8 and not prec.mxfp8 and gpu.compute_capability < (8, 9):
+        report.error(
+            "mixed_precision",
+            f"{prec.name} trains in FP8, which needs SM 8.9+, but {gpu.name} is {cc}; set mixed_precision=bf16_mixed",
+        )
+
+
+def _nvfp4(cfg: dict, prec, report) -> None:
+    recipe = precision_knob(cfg, prec, "fp8_recipe")
+    if recipe is not None:
+        report.error(
+            "model.fp8_recipe",
+            f"fp8_recipe={recipe!r} is set with NVFP4 ({prec.name}); FP4 recipes need fp8_recipe=None (an inherited "
+            "fp8_recipe caused the NVFP4 memory spike of MB PR#2764); set model.fp8_recipe=null",
+        )
+    fp8 = precision_knob(cfg, prec, "fp8")
+    if fp8 not in (None, False):
+        report.error("model.fp8", f"fp8={fp8!r} is set with NVFP4 ({prec.name}); FP4 and FP8 are exclusive: unset model.fp8")
+
+    if fp4_param_gather(cfg, prec):
+        for key in ("ddp.use_megatron_fsdp", "dist.use_megatron_fsdp"):
+            if flag(cfg, key):
+                report.error(
+                    key,
+                    "Megatron-FSDP has no NVFP4 packed storage (MB PR#5920), so NVFP4 primary weights fault; "
+                    "set model.fp4_param_gather=false (as MB's Ultra NVFP4 FSDP recipe does) or turn FSDP off",
+                )
+                break
+        graphs = get(cfg, "model.cuda_graph_impl")
+        if (isinstance(graphs, str) and graphs.lower() != "none") or flag(cfg, "model.enable_cuda_graph"):
+            report.warn(
+                "model.cuda_graph_impl",
+                "fp4_param_gather with CUDA graphs ran out of memory on GB300 (MB#3500); "
+                "set model.fp4_param_gather=false as MB's performance recipes do, or turn CUDA graphs off",
+            )
+
+    layers = pos_int(get(cfg, "model.num_layers"))
+    if layers is None:
+        return
+    start, end = bf16_layer_counts(cfg, prec, layers)
+    report.facts["bf16_layers"] = {"start": start, "end": end}
+    if start + end == 0:
+        suggested = max(1, round(0.15 * layers))
+        report.warn(
+            "model.first_last_layers_bf16",
+            f"all {layers} layers train in NVFP4; quantizing everything diverged in NVIDIA's NVFP4 study and Ultra "
+            f"keeps its last 15% in BF16: set model.first_last_layers_bf16=true and "
+            f"model.num_layers_at_end_in_bf16={suggested}",
+        )
+        return
+    if start + end >= layers:
+        report.warn(
+            "model.num_layers_at_end_in_bf16",
+            f"all {layers} layers stay BF16 (start {start} + end {end}), so NVFP4 has no effect; lower "
+            "num_layers_at_start_in_bf16/num_layers_at_end_in_bf16 or use mixed_precision=bf16_mixed",
+        )
+        return
+    spans = ([f"1-{start}"] if start else []) + ([f"{layers - end + 1}-{layers}"] if end else [])
+    report.note(
+        "model.num_layers_at_end_in_bf16",
+        f"NVFP4 layer set: layers {' and '.join(spans)} ({start + end} of {layers}) stay BF16, layers "
+        f"{start + 1}-{layers - end} train in NVFP4; embedding and output layer are never NVFP4",
+    )

@@ -1,0 +1,121 @@
+"""Shared fixtures: the real CLI in a subprocess, a private state dir per test, sample profiles,
+and the local Slurm cluster (scripts/slurm-local/start.sh)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SECRETS = {"HF_TOKEN": "hf_FAKEtoken1234567890abcdef", "WANDB_API_KEY": "wandbFAKEkey0987654321fedcba"}
+
+SAMPLE_ENV_TOML = """
+[ci]
+executor = "slurm"
+account = "ultra3"
+partition = "debug"
+gpu = "h100"
+gpus_per_node = 1
+time = "00:05:00"
+
+[ci-cpu]
+extends = "ci"
+gpus_per_node = 0
+
+[blackwell]
+executor = "slurm"
+account = "ultra3"
+partition = "batch"
+gpu = "b200"
+gpus_per_node = 8
+time = "04:00:00"
+container_image = "/lustre/images/ultra3-train.sqsh"
+mounts = ["/lustre:/lustre"]
+exclusive = true
+[blackwell.env]
+NCCL_DEBUG = "WARN"
+
+[hopper]
+extends = "blackwell"
+gpu = "h100"
+
+[workstation]
+executor = "local"
+gpu = "h100"
+"""
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A private NEMOTRON_HOME and a working directory holding the sample env.toml."""
+    state = tmp_path / "state"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "env.toml").write_text(SAMPLE_ENV_TOML)
+    monkeypatch.setenv("NEMOTRON_HOME", str(state))
+    monkeypatch.delenv("NEMORUN_HOME", raising=False)
+    monkeypatch.delenv("NEMOTRON_ENV_FILE", raising=False)
+    monkeypatch.chdir(work)
+    return state
+
+
+@pytest.fixture
+def cli(home):
+    """Run the installed console script (`ultra3 ...` or `nemotron ...`) as a user would."""
+
+    def run(*args: str, prog: str = "ultra3", env: dict | None = None, timeout: float = 300) -> Result:
+        full_env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **(env or {})}
+        p = subprocess.run([str(BIN / prog), *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    return run
+
+
+def slurm_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    p = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    return p.returncode == 0 and any(s in p.stdout for s in ("idle", "mixed", "allocated"))
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The local cluster. Skips where none is reachable, except in CI, where that is a failure."""
+    if not slurm_up():
+        if os.environ.get("CI"):
+            pytest.fail("no Slurm cluster in CI: scripts/slurm-local/start.sh should have started one")
+        pytest.skip("no Slurm cluster reachable (run scripts/slurm-local/start.sh as root)")
+    return True
+
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.5):
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value or time.time() > deadline:
+            return value
+        time.sleep(interval)
