@@ -6,6 +6,7 @@ only when a job is submitted to Slurm.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
@@ -189,6 +190,12 @@ def _main(app: typer.Typer, prog: str) -> None:
         for line in e.lines():
             print(line, file=sys.stderr)
         code = e.exit_code
+    except Exception as e:  # a bug of ours: one line, the traceback on request
+        if os.environ.get("ULTRA3_DEBUG"):
+            raise
+        print(f"internal error: {type(e).__name__}: {e} (a launcher bug; ULTRA3_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        code = 1
     sys.exit(code or 0)
 
 

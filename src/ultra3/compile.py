@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import schema as schemas
+from .schema import CLUSTER
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .errors import InvalidConfig
 from .findings import Report
-from .gpus import GPU_TYPES, visible_gpu_count
+from .gpus import visible_gpu_count
 from .profiles import SECRET_NAME, Profile, check_run_keys, load_profile
 from .stages import Stage
 
@@ -71,13 +72,13 @@ def compile_job(stage: Stage, options: Options) -> Job:
         if options.profile_name else None
     executor = profile.executor if profile else "local"
     if profile:
-        layers.append(Layer(profile.source, flatten(profile.values, "run.")))
+        layers.append(Layer(profile.source, {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v
+                                             for k, v in flatten(profile.values).items()}))
     cli = parse_overrides(options.overrides)
     layers.append(cli)
 
     flat, origin = merge(layers)
-    if executor == "local" and "run.gpus_per_node" not in cli.values:
-        _local_gpus(stage, flat, origin, report)
+    _job_shape(stage, executor, flat, origin, report)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
     flat["job.dir"] = JOB_DIR_PLACEHOLDER
@@ -90,12 +91,13 @@ def compile_job(stage: Stage, options: Options) -> Job:
            if k in schemas.run_schema(executor) or k not in schemas.RUN_KEYS or _set_by_user(f"run.{k}", origin)}
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
-                  {k: v for k, v in schema.items() if k != "run"}, report, origin)
+                  {**{k: v for k, v in schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
     _check_secrets(flat, report)
     if report.errors:
         raise InvalidConfig(report.errors)
 
     config = resolve(tree)
+    config.setdefault("cluster", {})
     _check_executor(stage, executor, profile, config["run"], report)
     if validator := stage.validate():
         validator(config, report)
@@ -108,18 +110,26 @@ def _set_by_user(key: str, origin: dict[str, str]) -> bool:
     return any(src == CLI_SOURCE for k, src in origin.items() if k == key or k.startswith(key + "."))
 
 
-def _local_gpus(stage: Stage, flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
-    """Local runs use this machine's GPUs: check the config's count against what is visible."""
-    wanted = flat.get("run.gpus_per_node") or 0
-    if stage.launch != "torchrun" or not wanted:
+def _job_shape(stage: Stage, executor: str, flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
+    """The job's GPUs per node (run.gpus_per_node) against what the machines have (cluster.*): on this
+    machine those are the visible GPUs; a stage config without a count takes the cluster's."""
+    if executor == "local" and flat.get("cluster.gpus_per_node") is None:
+        flat["cluster.gpus_per_node"] = visible_gpu_count()
+        origin["cluster.gpus_per_node"] = THIS_MACHINE
+    have = flat.get("cluster.gpus_per_node")
+    if flat.get("run.gpus_per_node") is None and have is not None:
+        flat["run.gpus_per_node"] = have
+        origin["run.gpus_per_node"] = origin["cluster.gpus_per_node"]
+    wanted = flat.get("run.gpus_per_node")
+    if stage.launch != "torchrun" or not isinstance(wanted, int) or not isinstance(have, int) or wanted <= have:
         return
-    visible = visible_gpu_count()
-    if visible == 0:
-        report.warn("run.gpus_per_node", f"no GPU visible on {THIS_MACHINE}; the world-size checks use the "
-                                         f"config's {wanted} GPU(s) and the job's preflight will stop without them")
-    elif visible < wanted:
-        report.error("run.gpus_per_node", f"{wanted} GPUs wanted but {visible} visible on {THIS_MACHINE}; "
-                                          f"set run.gpus_per_node={visible} or submit with --run/--batch PROFILE")
+    if have == 0 and executor == "local":
+        report.warn("run.gpus_per_node", f"no GPU visible on {THIS_MACHINE}; the checks assume the config's {wanted} "
+                                         "GPU(s), and the job's preflight will stop without them")
+    else:
+        report.error("run.gpus_per_node", f"the job wants {wanted} GPUs per node but the nodes have {have} "
+                                          f"(cluster.gpus_per_node, from {origin['cluster.gpus_per_node']}); set "
+                                          f"run.gpus_per_node={have} and scale run.nodes, or pick another profile")
 
 
 def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: dict[str, Any], report: Report) -> None:
@@ -136,13 +146,6 @@ def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: d
             if not run.get(key):
                 report.error(f"run.{key}", f"submitting through SSH (host={run['host']}) needs {key}; "
                                            f"set it in {_profile_at(profile)}")
-    gpu = run.get("gpu")
-    if gpu is None:
-        if stage.launch == "torchrun":
-            report.warn("run.gpu", f"{_profile_at(profile)} names no gpu type; precision and memory checks "
-                                   f"are skipped (set gpu to one of {', '.join(GPU_TYPES)})")
-    elif gpu not in GPU_TYPES:
-        report.error("run.gpu", f"unknown gpu '{gpu}'; use one of {', '.join(GPU_TYPES)}")
     if run.get("mounts") and not run.get("container_image"):
         report.warn("run.mounts", "mounts apply inside a container only; set container_image or remove them")
 

@@ -1,7 +1,8 @@
 """env.toml profiles: discovery, `extends` inheritance and a per-executor schema.
 
-Every top-level table is a profile. A profile names its `executor` and sets `run.*` keys of the
-stage config (account, partition, gpu, gpus_per_node, container_image, mounts, env, time, setup, ...).
+Every top-level table is a profile. A profile names its `executor`, describes the machines (`gpu`,
+`gpus_per_node`, `nvlink_domain_size`: the `cluster.*` keys) and sets `run.*` keys of the stage config
+(account, partition, container_image, mounts, env, time, setup, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from .errors import InvalidConfig, UserError
 from .findings import Finding, Report
-from .schema import EXECUTORS, RUN_KEYS, check, run_schema, suggest
+from .schema import CLUSTER, EXECUTORS, RUN_KEYS, check, run_schema, suggest
 
 ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
@@ -85,7 +86,7 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
         got = f"'{executor}'" if executor else "none"
         raise UserError(f"{path} [{name}]: executor is {got}; set executor = \"slurm\" or \"local\"")
     report = Report()
-    check_run_keys(values, executor, report, {})
+    check_run_keys(values, executor, report, {}, extra=CLUSTER)
     for var in values.get("env") or {}:
         if SECRET_NAME.search(var):
             report.error(f"env.{var}", f"secrets don't belong in env.toml: export {var} in the submitting "
@@ -97,9 +98,9 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
 
 
 def check_run_keys(values: dict[str, Any], executor: str, report: Report, origin: dict[str, str],
-                   prefix: str = "") -> None:
+                   prefix: str = "", extra: dict[str, Any] | None = None) -> None:
     """Unknown keys, wrong types, and keys of another executor (run.account on the local executor)."""
-    schema = run_schema(executor)
+    schema = {**run_schema(executor), **(extra or {})}
     check({k: v for k, v in values.items() if k not in RUN_KEYS or k in schema}, schema, report, origin, prefix)
     for key in values:
         if key in RUN_KEYS and key not in schema:

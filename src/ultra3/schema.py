@@ -15,14 +15,12 @@ from .findings import Report
 ANY_LIST = list
 Schema = dict[str, Any]
 
-# Executor settings: the `run` section of every stage, fed by the stage config, the env.toml profile
-# and the command line. `executors` lists which executors read the key.
+# The job's shape and executor settings: the `run` section of every stage, fed by the stage config,
+# the env.toml profile and the command line. The tuple lists which executors read the key.
 RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "nodes": (int, ("local", "slurm")),
     "gpus_per_node": (int, ("local", "slurm")),
     "cpus_per_task": (int, ("slurm",)),
-    "gpu": (str, ("local", "slurm")),
-    "nvlink_domain_size": (int, ("local", "slurm")),
     "env": (dict, ("local", "slurm")),
     "setup": (list[str], ("local", "slurm")),
     "time": (str, ("slurm",)),
@@ -43,6 +41,10 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "job_dir": (str, ("slurm",)),
 }
 EXECUTORS = ("local", "slurm")
+
+# What the machines are, as a profile describes them (the `cluster` section): validation checks the
+# job's shape (run.nodes x run.gpus_per_node) against it.
+CLUSTER: Schema = {"gpu": str, "gpus_per_node": int, "nvlink_domain_size": int}
 
 
 def run_schema(executor: str) -> Schema:

@@ -74,9 +74,17 @@ def slurm_spec(job: Job, job_dir: str) -> SlurmSpec:
         container_image=run.get("container_image"),
         container_mounts=list(run.get("mounts") or []),
         env_vars=env,
-        setup_lines="\n".join(run.get("setup") or []) or None,
+        setup_lines=_untraced(run.get("setup") or []),
         job_dir=job_dir,
     )
+
+
+def _untraced(lines: list[str]) -> str | None:
+    """NeMo-Run's batch script runs under `set -x`: a setup line reading a secret from the environment
+    would be traced with its value into the log, so tracing is off around the profile's setup lines."""
+    if not lines:
+        return None
+    return "\n".join(["{ set +x; } 2>/dev/null", *lines, "set -x"])
 
 
 def local_command(job: Job) -> list[str]:

@@ -24,10 +24,11 @@ def check(cfg: dict, report) -> None:
     unknown = [key for key, missing in (("run.gpus_per_node", gpn_unknown), ("run.nodes", nodes is None)) if missing]
     if unknown:
         why = "no GPU is visible on this machine and the profile does not set it" if gpn_unknown else "unset"
+        names = " and ".join(unknown)
         report.warn(
             unknown[0],
-            f"{' and '.join(unknown)} unknown ({why}); skipped the world-size dependent checks (DP and expert-DP "
-            f"sizes, batch split, microbatches, memory estimate); set {' and '.join(unknown)} in the profile to run them",
+            f"{names} unknown ({why}); skipped the world-size dependent checks (DP and expert-DP sizes, batch "
+            f"split, microbatches, memory estimate); set {names} in the profile to run them",
         )
 
     name = get(cfg, "run.gpu")

@@ -174,7 +174,9 @@ def check(cfg: dict, report) -> None:
             dense += model.output + model.mtp.dense + d.h
             expert += model.mtp.expert
         dense_gpu, expert_gpu = dense / m.tp, expert / m.expert_mesh
-        weights = 2 * (dense_gpu + expert_gpu) - (2 - FP4_WEIGHT_BYTES) * (fp4_dense / m.tp + fp4_expert / m.expert_mesh)
+        weights = 2 * (dense_gpu + expert_gpu) - (2 - FP4_WEIGHT_BYTES) * (
+            fp4_dense / m.tp + fp4_expert / m.expert_mesh
+        )
         grads = grad_bytes * (dense_gpu + expert_gpu)
         optimizer = 12 * (dense_gpu / dense_shards + expert_gpu / expert_shards)
 
@@ -204,7 +206,9 @@ def check(cfg: dict, report) -> None:
             in_flight = min(m.pp - r, nmb)
         activations = stored * in_flight + transient
         total = weights + grads + optimizer + activations + OVERHEAD_BYTES
-        results.append((total, r, len(indices), dense_gpu, expert_gpu, weights, grads, optimizer, activations, in_flight))
+        results.append(
+            (total, r, len(indices), dense_gpu, expert_gpu, weights, grads, optimizer, activations, in_flight)
+        )
 
     total, r, n_layers, dense_gpu, expert_gpu, weights, grads, optimizer, activations, in_flight = max(results)
     place = "first" if r == 0 else "last" if r == m.pp - 1 else "middle"
@@ -270,4 +274,3 @@ def check(cfg: dict, report) -> None:
             f"estimated {total / GIB:.1f} GiB per GPU on pipeline rank {r + 1} is {share:.0%} of the "
             f"{gpu.memory_gb:g} GiB of {gpu.name} ({breakdown}); little headroom for routing imbalance: {fix}",
         )
-

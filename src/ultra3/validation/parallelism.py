@@ -62,6 +62,14 @@ def _world(cfg: dict, m: Mesh, report) -> None:
     if world is None:
         return  # cluster.check warned once
     mp = m.model_parallel
+    is_moe = pos_int(get(cfg, "model.num_moe_experts")) is not None or m.expert_mesh > 1
+    minimum = m.pp * max(m.tp * m.cp, m.expert_mesh)
+    if is_moe and world < minimum:  # (without MoE, the TP·PP·CP multiple below says it)
+        report.error(
+            EP if m.expert_mesh > m.tp * m.cp else "run.nodes",
+            f"PP·max(TP·CP, EP·ETP) = {m.pp}·max({m.tp * m.cp}, {m.expert_mesh}) = {minimum} GPUs at least, "
+            f"but the run has {world}; add nodes or lower the parallel sizes",
+        )
     if world % mp:
         step = mp // math.gcd(mp, m.gpus_per_node)
         below = (m.nodes // step) * step
@@ -73,24 +81,16 @@ def _world(cfg: dict, m: Mesh, report) -> None:
         )
         return
     report.facts["data_parallel_size"] = m.dp
-    is_moe = pos_int(get(cfg, "model.num_moe_experts")) is not None or m.expert_mesh > 1
     if not is_moe:
         return
-    minimum = m.pp * max(m.tp * m.cp, m.expert_mesh)
     stage = m.tp * m.cp * m.dp
-    if world < minimum:
-        report.error(
-            EP,
-            f"EP·ETP = {m.ep}·{m.etp} needs at least PP·max(TP·CP, EP·ETP) = {m.pp}·max({m.tp * m.cp}, "
-            f"{m.expert_mesh}) = {minimum} GPUs but the run has {world}; add nodes or lower EP",
-        )
-    elif stage % m.expert_mesh:
+    if world >= minimum and stage % m.expert_mesh:
         report.error(
             EP,
             f"TP·CP·DP = {m.tp}·{m.cp}·{m.dp} = {stage} GPUs per pipeline stage is not a multiple of "
             f"EP·ETP = {m.expert_mesh}; use an EP·ETP that divides {stage} ({divisors(stage)})",
         )
-    else:
+    elif m.edp is not None:
         report.facts["expert_data_parallel_size"] = m.edp
     report.facts["expert_tensor_parallel_size"] = m.etp
     if not m.etp_was_set:
@@ -166,7 +166,9 @@ def _pattern(cfg: dict, m: Mesh, report) -> None:
                 f"add or remove '|' or drop them all to split evenly",
             )
         elif any(not segment for segment in main.split(PIPE)):
-            report.error(key, f"{key} has an empty pipeline stage ('||' or a leading/trailing '|'); give every stage a layer")
+            report.error(
+                key, f"{key} has an empty pipeline stage ('||' or a leading/trailing '|'); give every stage a layer"
+            )
     if "E" in text and pos_int(get(cfg, "model.num_moe_experts")) is None:
         report.error("model.num_moe_experts", f"{key} has MoE layers (E) but model.num_moe_experts is unset; set it")
 

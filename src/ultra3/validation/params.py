@@ -47,7 +47,7 @@ class LayerParams:
     active: int  # parameters a token uses
     linear: int  # non-expert linear weights (the ones NVFP4 primary weights would store in FP4)
 
-    def __add__(self, other: "LayerParams") -> "LayerParams":
+    def __add__(self, other: LayerParams) -> LayerParams:
         return LayerParams(
             self.dense + other.dense,
             self.expert + other.expert,
@@ -55,7 +55,7 @@ class LayerParams:
             self.linear + other.linear,
         )
 
-    def scale(self, k: int) -> "LayerParams":
+    def scale(self, k: int) -> LayerParams:
         return LayerParams(self.dense * k, self.expert * k, self.active * k, self.linear * k)
 
     @property

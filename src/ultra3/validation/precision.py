@@ -89,7 +89,9 @@ def _nvfp4(cfg: dict, prec, report) -> None:
         )
     fp8 = precision_knob(cfg, prec, "fp8")
     if fp8 not in (None, False):
-        report.error("model.fp8", f"fp8={fp8!r} is set with NVFP4 ({prec.name}); FP4 and FP8 are exclusive: unset model.fp8")
+        report.error(
+            "model.fp8", f"fp8={fp8!r} is set with NVFP4 ({prec.name}); FP4 and FP8 are exclusive: unset model.fp8"
+        )
 
     if fp4_param_gather(cfg, prec):
         for key in ("ddp.use_megatron_fsdp", "dist.use_megatron_fsdp"):

@@ -68,7 +68,9 @@ def check(cfg: dict, report) -> None:
         )
     if style == "WSD":
         if wsd is None:
-            report.error(WSD, f"lr_decay_style=WSD needs {WSD} (the anneal length); set it (e.g. 25% of {decay or '?'})")
+            report.error(
+                WSD, f"lr_decay_style=WSD needs {WSD} (the anneal length); set it (e.g. 25% of {decay or '?'})"
+            )
         elif decay is not None and wsd > decay:
             report.error(
                 WSD,
@@ -103,7 +105,9 @@ def _learning_rates(cfg: dict, report) -> None:
     if min_lr is not None and min_lr < 0:
         report.error("optimizer.min_lr", f"min_lr={min_lr:g} must be ≥ 0")
     if lr is not None and min_lr is not None and min_lr > lr:
-        report.error("optimizer.min_lr", f"min_lr={min_lr:g} > lr={lr:g}; the LR would rise while decaying: set min_lr ≤ lr")
+        report.error(
+            "optimizer.min_lr", f"min_lr={min_lr:g} > lr={lr:g}; the LR would rise while decaying: set min_lr ≤ lr"
+        )
 
 
 def _table(cfg, report, seq, gbs, iters, warmup, decay, wsd, style) -> None:

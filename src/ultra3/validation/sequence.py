@@ -79,4 +79,3 @@ def check(cfg: dict, report) -> None:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-

@@ -26,7 +26,8 @@ def check(cfg: dict, report) -> None:
     domain = nvlink_domain(cfg)
     gpn = m.gpus_per_node
     if gpn is not None and m.tp > gpn:
-        if domain is not None and m.tp <= domain and domain > gpn:
+        # Only NVL72-class systems (a domain larger than one 8-GPU node) put several nodes on one NVLink fabric.
+        if domain is not None and domain > max(gpn, 8) and m.tp <= domain:
             report.note(
                 TP,
                 f"TP={m.tp} spans {-(-m.tp // gpn)} nodes of {gpn} GPUs but stays inside the {domain}-GPU NVLink "
