@@ -39,7 +39,9 @@ def _load(path: Path) -> dict:
 
 
 def config(name: str, **run) -> dict:
+    """A shipped config; `gpu` and `nvlink_domain_size` describe the cluster, the rest is the job's run."""
     cfg = _load(CONFIGS / f"{name}.yaml")
+    cfg["cluster"] = {k: run.pop(k) for k in ("gpu", "nvlink_domain_size") if k in run}
     cfg["run"] = {**cfg.get("run", {}), **run}
     return cfg
 
@@ -328,13 +330,13 @@ def test_unknown_gpus_per_node_gives_one_warning_and_skips_world_checks(gpus_per
 def test_unknown_gpu_warns_and_skips_the_precision_check():
     report = validate(pretrain(gpu=None))
     assert report.errors == []
-    assert "GPU-type checks" in one(report, "warning", "run.gpu").message
+    assert "GPU-type checks" in one(report, "warning", "cluster.gpu").message
     assert "memory_fraction" not in report.facts
     assert "mixed_precision" not in keys(report, "error")
 
 
 def test_unknown_gpu_name_errors():
-    assert "h100" in one(validate(pretrain(gpu="a100x")), "error", "run.gpu").message
+    assert "h100" in one(validate(pretrain(gpu="a100x")), "error", "cluster.gpu").message
 
 
 # --- schedule ------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -67,7 +68,9 @@ def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path, 
     )
 
 
-def submit(job: Job, job_id: str) -> JobRecord:
+@contextlib.contextmanager
+def _experiment(job: Job, job_id: str):
+    """NeMo-Run's experiment for this job, its code dir staged; yields (experiment, spec)."""
     ssh = ssh_settings(job)
     exp_dir = experiment_dir(job, job_id)
     spec = slurm_spec(job, job_dir=exp_dir)
@@ -77,24 +80,40 @@ def submit(job: Job, job_id: str) -> JobRecord:
         home = str(nemorun_home()) if ssh else nemorun_base(job)
         executor = build_executor(spec, ssh, jobs_root(job), staging, home)
         run = _import_nemo_run(home)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True,
-                                    enable_goodbye_message=False) as exp:
-                    exp.add(run.Script(path=ENTRY, entrypoint="python", args=["--config", CONFIG_FILE]),
-                            name=spec.task, tail_logs=False)
-                    exp.run(detach=True)
-        except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
-            raise ClusterError(f"submission failed: {_first_line(e)}") from None
-        handle = exp.jobs[0].handle or ""
+        with contextlib.redirect_stdout(io.StringIO()):  # NeMo-Run's console chatter
+            with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True,
+                                enable_goodbye_message=False) as exp:
+                exp.add(run.Script(path=ENTRY, entrypoint="python", args=["--config", CONFIG_FILE]),
+                        name=spec.task, tail_logs=False)
+                yield exp, spec
+
+
+def submit(job: Job, job_id: str) -> JobRecord:
+    try:
+        with _experiment(job, job_id) as (exp, spec):
+            exp.run(detach=True)
+    except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
+        raise ClusterError(f"submission failed: {_first_line(e)}") from None
+    handle = exp.jobs[0].handle or ""
     slurm_id = handle.rsplit("/", 1)[-1]
     if not slurm_id.isdigit():
         raise ClusterError(f"submission failed: NeMo-Run returned no Slurm job id ({handle!r})")
     return JobRecord(
         id=job_id, stage=job.stage.name, config=job.options.config, executor="slurm", mode=job.mode,
-        submitted=0, job_dir=exp_dir, task=spec.task, log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out",
-        profile=job.profile.name if job.profile else None, slurm_id=slurm_id, ssh=ssh,
+        submitted=0, job_dir=spec.job_dir, task=spec.task,
+        log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out",
+        profile=job.profile.name if job.profile else None, slurm_id=slurm_id, ssh=ssh_settings(job),
     )
+
+
+def nemo_run_script(job: Job, job_id: str) -> str:
+    """The sbatch script NeMo-Run itself renders for this job (its dry run), for comparison."""
+    with _experiment(job, job_id) as (exp, spec):
+        exp.dryrun(log=False, delete_exp_dir=False)
+        script = Path(exp._exp_dir, f"{spec.task}_sbatch.sh")
+        text = script.read_text()
+        shutil.rmtree(exp._exp_dir, ignore_errors=True)
+    return text
 
 
 def _first_line(e: BaseException) -> str:

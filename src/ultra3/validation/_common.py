@@ -189,15 +189,15 @@ def num_microbatches(cfg: dict, m: Mesh) -> int | None:
 
 def gpu_type(cfg: dict) -> GpuType | None:
     """The profile's GPU type, None when unknown (unset or not in GPU_TYPES)."""
-    name = get(cfg, "run.gpu")
+    name = get(cfg, "cluster.gpu")
     if not isinstance(name, str):
         return None
     return GPU_TYPES.get(name.strip().lower())
 
 
 def nvlink_domain(cfg: dict) -> int | None:
-    """GPUs per NVLink domain: run.nvlink_domain_size when set, else the GPU type's; None when unknown."""
-    override = pos_int(get(cfg, "run.nvlink_domain_size"))
+    """GPUs per NVLink domain: cluster.nvlink_domain_size when set, else the GPU type's; None when unknown."""
+    override = pos_int(get(cfg, "cluster.nvlink_domain_size"))
     if override is not None:
         return override
     gpu = gpu_type(cfg)

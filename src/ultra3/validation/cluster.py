@@ -31,21 +31,21 @@ def check(cfg: dict, report) -> None:
             f"split, microbatches, memory estimate); set {names} in the profile to run them",
         )
 
-    name = get(cfg, "run.gpu")
+    name = get(cfg, "cluster.gpu")
     if name is None:
         report.warn(
-            "run.gpu",
-            "run.gpu is unknown; skipped the GPU-type checks (NVFP4/MXFP8 support, NVLink domain, HBM fit); "
-            f"set run.gpu to one of {', '.join(GPU_TYPES)}",
+            "cluster.gpu",
+            "cluster.gpu is unknown; skipped the GPU-type checks (NVFP4/MXFP8 support, NVLink domain, HBM fit); "
+            f"set cluster.gpu to one of {', '.join(GPU_TYPES)}",
         )
     elif not isinstance(name, str) or name.strip().lower() not in GPU_TYPES:
-        report.error("run.gpu", f"unknown GPU type {name!r}; use one of {', '.join(GPU_TYPES)}")
+        report.error("cluster.gpu", f"unknown GPU type {name!r}; use one of {', '.join(GPU_TYPES)}")
 
-    domain = get(cfg, "run.nvlink_domain_size")
+    domain = get(cfg, "cluster.nvlink_domain_size")
     if domain is not None and pos_int(domain) is None:
         report.error(
-            "run.nvlink_domain_size",
-            f"run.nvlink_domain_size={domain!r} is not a positive integer; set the GPUs per NVLink domain "
+            "cluster.nvlink_domain_size",
+            f"cluster.nvlink_domain_size={domain!r} is not a positive integer; set the GPUs per NVLink domain "
             "(8 for HGX/DGX nodes, 72 for GB200/GB300 NVL72) or leave it unset to use the GPU type's",
         )
 

@@ -244,7 +244,7 @@ def check(cfg: dict, report) -> None:
 
     gpu = gpu_type(cfg)
     if gpu is None:
-        rows.append(("total", f"{fmt_gib(total)} per GPU (HBM unknown: run.gpu unset)"))
+        rows.append(("total", f"{fmt_gib(total)} per GPU (HBM unknown: cluster.gpu unset)"))
         return
     hbm = gpu.memory_gb * GIB
     share = total / hbm
