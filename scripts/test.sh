@@ -10,6 +10,11 @@ python3 -m venv .venv
 
 if [ "$(id -u)" = 0 ]; then
     bash scripts/slurm-local/start.sh
+    if [ ! -x /usr/sbin/sshd ]; then  # the SSH submission tests talk to a local sshd
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q --no-install-recommends openssh-server >/dev/null 2>&1 ||
+            { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends openssh-server >/dev/null; }
+    fi
 else
     echo "not root: the local Slurm cluster is not started; Slurm tests run only if one is reachable" >&2
 fi

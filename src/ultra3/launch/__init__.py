@@ -46,5 +46,5 @@ def launch(job: Job) -> None:
 
 def _next_commands(record: jobs.JobRecord) -> None:
     print("next:")
-    for verb in ("status", "logs --follow", "cancel"):
-        print(f"  nemotron jobs {verb} {record.id}")
+    for verb in ("status", "logs", "cancel"):
+        print(f"  nemotron jobs {verb} {record.id}{' --follow' if verb == 'logs' else ''}")
