@@ -113,7 +113,7 @@ def _group_callback(
 
 
 def build_ultra3() -> typer.Typer:
-    app = _typer("ultra3", "")
+    app = _typer("ultra3", _group_callback.__doc__ or "")  # the group's description and examples
     app.callback(invoke_without_command=False)(_group_callback)
     groups: dict[tuple[str, ...], typer.Typer] = {(): app}
     for stage in STAGES:

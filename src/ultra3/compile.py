@@ -78,9 +78,13 @@ def compile_job(stage: Stage, options: Options) -> Job:
     layers.append(cli)
 
     flat, origin = merge(layers)
-    _job_shape(stage, executor, flat, origin, report)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
+        del flat[key]
+    for section in ("run", "cluster"):  # the launcher adds keys to these tables: a value there cannot stay
+        if section in flat and flat[section] != {}:
+            report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
+    _job_shape(stage, executor, flat, origin, report)
     flat["job.dir"] = JOB_DIR_PLACEHOLDER
     tree = unflatten(flat)
 
@@ -92,7 +96,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
                   {**{k: v for k, v in schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
-    _check_secrets(flat, report)
+    _check_secrets(flat, origin, report)
     if report.errors:
         raise InvalidConfig(report.errors)
 
@@ -137,7 +141,7 @@ def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: d
     if executor == "local":
         if nodes > 1:
             report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "
-                                      "with --run/--batch PROFILE, or use -c tiny")
+                                      "with --run/--batch PROFILE, or set run.nodes=1 (as -c tiny does)")
         return
     if not run.get("account"):
         report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)}")
@@ -157,9 +161,14 @@ def _profile_at(profile: Profile | None) -> str:
 _ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def _check_secrets(flat: dict[str, Any], report: Report) -> None:
-    """A secret resolved into the config would be written to the job dir: refuse it."""
+def _check_secrets(flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
+    """A secret resolved into the config, or given as a value of run.env, would be written to the job dir
+    (and the sbatch script): refuse it."""
     for key, value in flat.items():
+        name = key.removeprefix("run.env.")
+        if name != key and SECRET_NAME.search(name) and value not in (None, ""):
+            report.error(key, f"a secret would be written to the job dir (set in {origin[key]}); remove it and "
+                              f"export {name} in the submitting shell: the job inherits it from the environment")
         for var in _ENV_REF.findall(value) if isinstance(value, str) else ():
             if SECRET_NAME.search(var):
                 report.error(key, f"references the secret {var}; secrets reach the job through its environment "

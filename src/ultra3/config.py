@@ -86,7 +86,8 @@ def read_yaml(path: Path) -> dict:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats: `1e-4` is a number, as in OmegaConf, not a string."""
+    """YAML 1.2 scalars: `1e-4` is a number, as in OmegaConf, not a string; `4:00:00` (a Slurm time)
+    and `2024-01-01` stay strings, not YAML 1.1's base-60 integer 14400 and a date."""
 
 
 _Loader.add_implicit_resolver(
@@ -95,6 +96,10 @@ _Loader.add_implicit_resolver(
                r"|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"),
     list("-+0123456789."),
 )
+for _first, _resolvers in _Loader.yaml_implicit_resolvers.items():  # add_implicit_resolver made them copies
+    _resolvers[:] = [(tag, regexp) for tag, regexp in _resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    if _first in "-+0123456789":
+        _resolvers.insert(0, ("tag:yaml.org,2002:str", re.compile(r"^[-+]?\d[\d_]*(?::[0-5]?\d)+(?:\.[\d_]*)?$")))
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 

@@ -19,7 +19,8 @@ from .findings import Finding, Report
 from .schema import CLUSTER, EXECUTORS, RUN_KEYS, check, run_schema, suggest
 
 ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
+# TOKEN but not TOKENIZER(S_PARALLELISM): the tokenizer is a model name, not a secret
+SECRET_NAME = re.compile(r"TOKEN(?!IZ)|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
 
 
 @dataclass

@@ -1,0 +1,217 @@
+"""The CLI as a user meets it: help, the two entry points, option placement and forms, and what the
+dry run prints (compiled config, provenance, precedence, sbatch script or local command)."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+
+def section(out: str, title: str) -> str:
+    """The body of the dry run's `== title ... ==` section."""
+    match = re.search(rf"^== {re.escape(title)}[^\n]*==\n(.*?)(?=^== |^Dry run:)", out, re.S | re.M)
+    assert match, f"no section '{title}' in:\n{out}"
+    return match.group(1)
+
+
+def provenance(out: str) -> dict[str, tuple[str, str]]:
+    """key -> (value, source) from the 'values not from the stage default' section."""
+    rows = {}
+    for line in section(out, "values not from the stage default").splitlines():
+        if m := re.match(r"^(\S+)\s+= (.*?)  <- (.+)$", line):
+            rows[m[1]] = (m[2], m[3])
+    return rows
+
+
+def compiled(out: str) -> dict:
+    return yaml.safe_load(section(out, "compiled config"))
+
+
+def ok(r):
+    assert r.rc == 0, f"rc {r.rc}\nstdout:\n{r.out}\nstderr:\n{r.err}"
+    assert "Traceback" not in r.out + r.err
+    return r
+
+
+def commands(help_text: str) -> list[str]:
+    body = help_text.split("Commands:", 1)[1]
+    return [line.split()[0] for line in body.splitlines() if line.startswith("  ") and line.strip()]
+
+
+# -- help ----------------------------------------------------------------------------------------------
+
+def test_ultra3_help_lists_the_stages(cli):
+    r = ok(cli("--help"))
+    assert r.out.startswith("Usage: ultra3 ")
+    assert commands(r.out) == ["pretrain", "sft", "data"]
+    assert "ultra3 pretrain -c tiny --dry-run" in r.out
+    assert commands(ok(cli("data", "prep", "--help")).out) == ["pretrain", "sft"]
+    assert ok(cli()).out == r.out  # no arguments: the same help, exit 0
+
+
+def test_nemotron_help_lists_ultra3_and_jobs(cli):
+    r = ok(cli("--help", prog="nemotron"))
+    assert r.out.startswith("Usage: nemotron ")
+    assert commands(r.out) == ["ultra3", "jobs"]
+    assert "pretrain, sft, data prep" in r.out
+
+
+def test_nemotron_ultra3_help_lists_the_stages(cli):
+    r = ok(cli("ultra3", "--help", prog="nemotron"))
+    assert r.out.startswith("Usage: nemotron ultra3 ")
+    assert commands(r.out) == ["pretrain", "sft", "data"]
+
+
+def test_stage_help_lists_configs_profiles_and_examples(cli, tmp_path):
+    r = ok(cli("pretrain", "--help"))
+    assert r.out.startswith("Usage: ultra3 pretrain [OPTIONS] [KEY=VALUE]...")
+    assert "Configs (-c): default, tiny\n" in r.out
+    assert (f"Profiles (--run/--batch): blackwell, ci, ci-cpu, hopper, workstation in {tmp_path / 'work' / 'env.toml'}"
+            in r.out)
+    examples = r.out.split("Examples:", 1)[1]
+    assert "ultra3 pretrain -c tiny --dry-run" in examples
+    assert "ultra3 pretrain --batch mycluster" in examples
+    for option in ("--config", "--run", "--batch", "--dry-run", "--env-file"):
+        assert option in r.out
+
+
+def test_stage_help_without_env_toml(cli, tmp_path):
+    (tmp_path / "work" / "env.toml").unlink()
+    r = ok(cli("sft", "-h"))
+    assert "Profiles (--run/--batch): none (no env.toml found)" in r.out
+    assert "Configs (-c): default, tiny" in r.out
+
+
+def test_data_prep_sft_help(cli):
+    r = ok(cli("data", "prep", "sft", "--help"))
+    assert r.out.startswith("Usage: ultra3 data prep sft [OPTIONS] [KEY=VALUE]...")
+    assert "Configs (-c): default, tiny" in r.out
+    assert "ultra3 data prep sft -c tiny --dry-run" in r.out
+    nemotron = ok(cli("ultra3", "data", "prep", "sft", "--help", prog="nemotron"))
+    assert nemotron.out.startswith("Usage: nemotron ultra3 data prep sft ")
+
+
+# -- entry points and option placement -------------------------------------------------------------------
+
+def test_nemotron_ultra3_prints_the_same_dry_run(cli, home):
+    a = ok(cli("ultra3", "pretrain", "-c", "tiny", "--dry-run", prog="nemotron"))
+    b = ok(cli("pretrain", "-c", "tiny", "--dry-run"))
+    assert a.out == b.out
+    assert a.out.startswith("ultra3 pretrain: config tiny (tiny.yaml), local (this machine), mode local\n")
+    assert not home.exists()
+
+
+def test_options_before_the_stage_equal_options_after(cli):
+    after = ok(cli("pretrain", "-c", "tiny", "-d"))
+    assert ok(cli("-c", "tiny", "-d", "pretrain")).out == after.out
+    assert ok(cli("-d", "pretrain", "-c", "tiny")).out == after.out
+    profile_after = ok(cli("sft", "-c", "tiny", "-b", "ci", "-d", "train.train_iters=3"))
+    profile_before = ok(cli("--batch=ci", "--dry-run", "sft", "--config=tiny", "train.train_iters=3"))
+    assert profile_before.out == profile_after.out
+    assert "profile 'ci'" in profile_after.out
+    assert compiled(profile_after.out)["train"]["train_iters"] == 3
+
+
+def test_config_equals_form(cli):
+    short = ok(cli("pretrain", "-c", "tiny", "-d"))
+    assert ok(cli("pretrain", "--config=tiny", "-d")).out == short.out
+    assert ok(cli("pretrain", "--config", "tiny", "--dry-run")).out == short.out
+    assert compiled(short.out)["model"]["num_layers"] == 7  # the tiny model, not the default
+
+
+def test_same_option_twice_with_the_same_value(cli):
+    once = ok(cli("pretrain", "-c", "tiny", "-b", "ci", "-d"))
+    assert ok(cli("-c", "tiny", "-b", "ci", "pretrain", "-c", "tiny", "--batch=ci", "-d")).out == once.out
+
+
+# -- what the dry run prints --------------------------------------------------------------------------------
+
+def test_dry_run_provenance_and_precedence(cli, home):
+    # tiny.yaml sets run.time 00:30:00; profile ci sets time 00:05:00: the profile wins
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "train.train_iters=20", "-d"))
+    rows = provenance(r.out)
+    assert rows["train.train_iters"] == ("20", "command line")
+    assert rows["run.account"] == ("ultra3", "profile 'ci' (env.toml)")
+    assert rows["run.partition"] == ("debug", "profile 'ci' (env.toml)")
+    assert rows["run.time"] == ("00:05:00", "profile 'ci' (env.toml)")
+    assert rows["cluster.gpu"] == ("h100", "profile 'ci' (env.toml)")
+    assert rows["model.num_layers"] == ("7", "configs/_shared/tiny.yaml")
+    cfg = compiled(r.out)
+    assert cfg["run"]["time"] == "00:05:00"
+    assert cfg["train"]["train_iters"] == 20
+    assert "#SBATCH --time=00:05:00" in section(r.out, "sbatch script")
+
+    # the command line wins over the profile, and says so
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "run.time=01:00:00", "-d"))
+    assert provenance(r.out)["run.time"] == ("01:00:00", "command line")
+    assert compiled(r.out)["run"]["time"] == "01:00:00"
+    assert "#SBATCH --time=01:00:00" in section(r.out, "sbatch script")
+    assert "time 01:00:00" in section(r.out, "resources")
+    assert not home.exists()
+
+
+def test_slurm_time_without_leading_zero_stays_a_string(cli):
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "run.time=4:00:00", "-d"))
+    assert compiled(r.out)["run"]["time"] == "4:00:00"
+    assert "#SBATCH --time=4:00:00" in section(r.out, "sbatch script")
+
+
+def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(cli, home):
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run"))
+    assert "profile 'ci' (slurm, " in r.out.splitlines()[0]
+    assert r.out.splitlines()[0].endswith("mode detached")
+    script = section(r.out, "sbatch script")
+    assert script.startswith("#!/bin/bash")
+    for line in ("#SBATCH --account=ultra3", "#SBATCH --partition=debug", "#SBATCH --nodes=1",
+                 "#SBATCH --gpus-per-node=1", "#SBATCH --job-name=ultra3.pretrain"):
+        assert line in script.splitlines()
+    assert "recipes/launch.py --config config.yaml" in script
+    assert "== local command" not in r.out
+    assert r.out.rstrip().endswith("Dry run: nothing was written or submitted.")
+    assert "mode attached" in ok(cli("pretrain", "-c", "tiny", "--run", "ci", "-d")).out.splitlines()[0]
+    assert not home.exists()
+
+
+def test_dry_run_without_a_profile_prints_the_local_command(cli, home):
+    r = ok(cli("pretrain", "-c", "tiny", "-d"))
+    assert "local (this machine), mode local" in r.out.splitlines()[0]
+    assert "recipes/launch.py --config config.yaml" in section(r.out, "local command")
+    assert "#SBATCH" not in r.out
+    assert "== sbatch script" not in r.out
+    assert r.err == ""
+    assert not home.exists()
+
+
+def test_config_path_outside_the_repo_with_defaults(cli, tmp_path):
+    mine = tmp_path / "elsewhere" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text("# my variant of the stage's default\ndefaults: [default]\nlogger:\n  log_interval: 7\n")
+    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d"))
+    assert r.out.startswith(f"ultra3 pretrain: config {mine} (mine.yaml), profile 'blackwell'")
+    rows = provenance(r.out)
+    assert rows["logger.log_interval"] == ("7", str(mine))
+    assert "model.num_layers" not in rows  # from the stage default: not a change
+    cfg = compiled(r.out)
+    assert cfg["logger"]["log_interval"] == 7
+    assert cfg["model"]["num_layers"] == 108  # configs/pretrain/default.yaml -> configs/_shared/ultra.yaml
+    assert cfg["train"]["global_batch_size"] == 3072
+
+
+def test_override_values_are_typed(cli):
+    r = ok(cli("pretrain", "-c", "tiny", "-d", "optimizer.lr=1e-4", "model.recompute_modules=[moe,layernorm]",
+               "recipe.hf_model=null", "model.sequence_parallel=false", "logger.wandb_project=ultra3-tests"))
+    cfg = compiled(r.out)
+    assert cfg["optimizer"]["lr"] == 1e-4 and isinstance(cfg["optimizer"]["lr"], float)
+    assert provenance(r.out)["optimizer.lr"] == ("0.0001", "command line")
+    assert cfg["model"]["recompute_modules"] == ["moe", "layernorm"]
+    assert cfg["recipe"]["hf_model"] is None
+    assert cfg["model"]["sequence_parallel"] is False
+    assert cfg["logger"]["wandb_project"] == "ultra3-tests"
+
+
+def test_data_prep_dry_run_shows_the_tokenizer(cli):
+    # `tokenizer` contains TOKEN but is a model name, not a secret: shown, not masked
+    r = ok(cli("data", "prep", "sft", "-c", "tiny", "--batch", "ci", "-d"))
+    assert compiled(r.out)["tokenizer"] == "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"
+    assert "#SBATCH --account=ultra3" in section(r.out, "sbatch script")
