@@ -14,7 +14,7 @@ from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge,
 from .errors import InvalidConfig
 from .findings import Report
 from .gpus import visible_gpu_count
-from .profiles import SECRET_NAME, Profile, check_run_keys, load_profile
+from .profiles import SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
 from .stages import Stage
 
 Mode = Literal["local", "attached", "detached"]
@@ -68,6 +68,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
     layers = load_layers(config_path, stage.config_dir)
     base_sources = {layer.source for layer in load_layers(find_config(stage.config_dir, "default"), stage.config_dir)}
 
+    if options.env_file:
+        find_env_file(options.env_file)  # a wrong --env-file is an error even when no profile is used
     profile = load_profile(options.profile_name, options.env_file, "--run" if options.run else "--batch") \
         if options.profile_name else None
     executor = profile.executor if profile else "local"
@@ -144,7 +146,8 @@ def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: d
                                       "with --run/--batch PROFILE, or set run.nodes=1 (as -c tiny does)")
         return
     if not run.get("account"):
-        report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)}")
+        report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)} "
+                                    "or run.account=NAME")
     if run.get("host"):
         for key in ("user", "job_dir"):
             if not run.get(key):

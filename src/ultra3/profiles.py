@@ -102,7 +102,11 @@ def check_run_keys(values: dict[str, Any], executor: str, report: Report, origin
                    prefix: str = "", extra: dict[str, Any] | None = None) -> None:
     """Unknown keys, wrong types, and keys of another executor (run.account on the local executor)."""
     schema = {**run_schema(executor), **(extra or {})}
-    check({k: v for k, v in values.items() if k not in RUN_KEYS or k in schema}, schema, report, origin, prefix)
+    misplaced = {k for k in values if k in CLUSTER and k not in schema}
+    check({k: v for k, v in values.items() if (k not in RUN_KEYS or k in schema) and k not in misplaced},
+          schema, report, origin, prefix)
+    for key in misplaced:  # run.gpu on the command line: the cluster facts live in cluster.*
+        report.error(f"{prefix}{key}", f"unknown key; the machines are described by cluster.{key}")
     for key in values:
         if key in RUN_KEYS and key not in schema:
             users = " and ".join(RUN_KEYS[key][1])

@@ -221,7 +221,7 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
         if isinstance(t, dict):
             if isinstance(value, dict):
                 check(value, t, report, origin, f"{path}.")
-            elif value is not None:
+            else:  # a null section would silently drop every default in it
                 report.error(path, f"must be a table of keys, got {value!r}{where}")
         elif not matches(value, t):
             report.error(path, f"must be {type_name(t)}, got {value!r}{where}")
