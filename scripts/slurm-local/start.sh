@@ -15,6 +15,8 @@
 #   SLURM_LOCAL_ACCOUNTS="ultra3"   accounts created, each with an association for root
 #   SLURM_LOCAL_TIMEOUT=60          seconds to wait for each daemon and for the node
 set -euo pipefail
+# shellcheck source=scripts/slurm-local/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 CPUS=${SLURM_LOCAL_CPUS:-8}
 GPUS=${SLURM_LOCAL_GPUS:-4}
@@ -24,7 +26,6 @@ CLUSTER=${SLURM_LOCAL_CLUSTER:-localcluster}
 ACCOUNTS=${SLURM_LOCAL_ACCOUNTS-ultra3}
 TIMEOUT=${SLURM_LOCAL_TIMEOUT:-60}
 
-STATE=/run/slurm-local          # PIDs of the daemons started here (+ fake GPU devices)
 RUN=/run/slurm                  # pidfiles written by the slurm daemons themselves
 CONF=/etc/slurm
 LOGS=/var/log/slurm
@@ -33,9 +34,6 @@ DB_SOCK=/run/mysqld/mysqld.sock # libmariadb's default, which slurmdbd uses
 NODE=localhost
 PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server)
 
-T0=${EPOCHREALTIME/./}
-took() { printf '%d.%ds' $(((${EPOCHREALTIME/./} - T0) / 1000000)) $(((${EPOCHREALTIME/./} - T0) / 100000 % 10)); }
-log() { echo "slurm-local: $*" >&2; }
 # die REASON [LOGFILE]: one-line reason, then the end of the relevant log
 die() {
   log "ERROR: $1"
@@ -48,14 +46,6 @@ for v in CPUS GPUS MEM_MB TIMEOUT; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "SLURM_LOCAL_$v must be a whole number, not '${!v}'"
 done
 
-# alive PID COMM: PID runs (zombies count as dead) and is named COMM
-alive() {
-  local stat
-  [[ $1 =~ ^[0-9]+$ ]] || return 1
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [[ ${stat%% *} != [ZX] ]] && [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "$2" ]
-}
 pid_in() { cat "$1" 2>/dev/null || true; }
 ours() { alive "$(pid_in "$STATE/$1.pid")" "$1"; }
 # wait_for WHAT LOGFILE CMD...: poll CMD until it succeeds or TIMEOUT expires

@@ -8,26 +8,17 @@
 # Queued and running jobs are cancelled first (before slurmd goes away) unless
 # SLURM_LOCAL_KEEP_JOBS=1. SLURM_LOCAL_STOP_TIMEOUT=20: seconds between SIGTERM and SIGKILL.
 set -euo pipefail
+# shellcheck source=scripts/slurm-local/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-STATE=/run/slurm-local
 TIMEOUT=${SLURM_LOCAL_STOP_TIMEOUT:-20}
 ORDER=(slurmd slurmctld slurmdbd mariadbd munged)   # reverse start order
 
-log() { echo "slurm-local: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "ERROR: must run as root"; exit 1; }
 
-# alive PID COMM: PID runs (zombies count as dead) and is named COMM
-alive() {
-  local stat
-  [[ $1 =~ ^[0-9]+$ ]] || return 1
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [[ ${stat%% *} != [ZX] ]] && [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "$2" ]
-}
 pid_of() { cat "$STATE/$1.pid" 2>/dev/null || true; }
 wanted() { [ $# -eq 1 ] || [[ " ${*:2} " == *" $1 "* ]]; }
 
-T0=${EPOCHREALTIME/./}
 if [ "${SLURM_LOCAL_KEEP_JOBS:-0}" != 1 ] && wanted slurmd "$@" && alive "$(pid_of slurmd)" slurmd; then
   jobs=$(timeout 10 squeue -h -o %i 2>/dev/null || true)
   if [ -n "$jobs" ]; then
