@@ -6,6 +6,7 @@ only when a job is submitted to Slurm.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from typing import List, Optional
@@ -28,12 +29,27 @@ def _typer(name: str, help: str) -> typer.Typer:
                        pretty_exceptions_enable=False, context_settings=HELP)
 
 
-# Shared options: accepted after `ultra3` (before the stage name) and after the stage name.
-ConfigOpt = typer.Option(None, "-c", "--config", metavar="NAME|PATH", help="Stage config name or YAML path.")
-RunOpt = typer.Option(None, "-r", "--run", metavar="PROFILE", help="Submit with this env.toml profile and follow it.")
-BatchOpt = typer.Option(None, "-b", "--batch", metavar="PROFILE", help="Submit with this env.toml profile and return.")
-DryOpt = typer.Option(False, "-d", "--dry-run", help="Validate and print the compiled job; submit nothing.")
-EnvOpt = typer.Option(None, "--env-file", metavar="PATH", help="env.toml to read profiles from.")
+# Options every stage takes, after `ultra3` (before the stage name) or after the stage name.
+SHARED_OPTIONS = {
+    "config": (Optional[str], typer.Option(None, "-c", "--config", metavar="NAME|PATH",
+                                           help="Stage config name or YAML path.")),
+    "run": (Optional[str], typer.Option(None, "-r", "--run", metavar="PROFILE",
+                                        help="Submit with this env.toml profile and follow it.")),
+    "batch": (Optional[str], typer.Option(None, "-b", "--batch", metavar="PROFILE",
+                                          help="Submit with this env.toml profile and return.")),
+    "dry_run": (bool, typer.Option(False, "-d", "--dry-run", help="Validate and print the compiled job; submit nothing.")),
+    "env_file": (Optional[str], typer.Option(None, "--env-file", metavar="PATH", help="env.toml to read profiles from.")),
+}
+
+
+def _with_shared_options(fn):
+    """Declare SHARED_OPTIONS as keyword parameters of `fn(..., **options)`, where Typer reads them."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+               for name, (kind, option) in SHARED_OPTIONS.items()]
+    fn.__signature__ = sig.replace(parameters=params)
+    return fn
 
 
 class StageCommand(TyperCommand):
@@ -60,19 +76,15 @@ class StageCommand(TyperCommand):
 
 
 def _stage_command(stage: Stage):
+    @_with_shared_options
     def command(
         ctx: typer.Context,
         overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", show_default=False),
-        config: Optional[str] = ConfigOpt,
-        run: Optional[str] = RunOpt,
-        batch: Optional[str] = BatchOpt,
-        dry_run: bool = DryOpt,
-        env_file: Optional[str] = EnvOpt,
+        **options,
     ) -> None:
         from .run_stage import run_stage
 
-        given = dict(config=config, run=run, batch=batch, dry_run=dry_run, env_file=env_file)
-        run_stage(stage, _merge_group_options(ctx, given), list(overrides or []))
+        run_stage(stage, _merge_group_options(ctx, options), list(overrides or []))
 
     command.__doc__ = stage.summary
     return command
@@ -90,14 +102,8 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
     return merged
 
 
-def _group_callback(
-    ctx: typer.Context,
-    config: Optional[str] = ConfigOpt,
-    run: Optional[str] = RunOpt,
-    batch: Optional[str] = BatchOpt,
-    dry_run: bool = DryOpt,
-    env_file: Optional[str] = EnvOpt,
-) -> None:
+@_with_shared_options
+def _group_callback(ctx: typer.Context, **options) -> None:
     """Nemotron 3 Ultra training recipe: pretrain, sft and data prep stages.
 
     \b
@@ -109,7 +115,7 @@ def _group_callback(
     """
     root = ctx.find_root()
     root.obj = root.obj or {}
-    root.obj["options"] = dict(config=config, run=run, batch=batch, dry_run=dry_run, env_file=env_file)
+    root.obj["options"] = options
 
 
 def build_ultra3() -> typer.Typer:
