@@ -50,9 +50,11 @@ def gpus(cfg: dict) -> str | None:
         out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=60)
         caps = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and caps:
-        caps = caps[: len([v for v in visible.split(",") if v.strip()])]
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and all(v.isdigit() for v in visible):
+        caps = [caps[int(v)] for v in visible if int(v) < len(caps)]
+    elif visible:  # GPU UUIDs: only the count is known
+        caps = caps[: len(visible)]
     if not caps:
         return f"no NVIDIA GPU visible (need {wanted} per node; nvidia-smi {'found no GPU' if smi else 'not found'})"
     if len(caps) < wanted:

@@ -94,7 +94,7 @@ def slurm_up() -> bool:
     if not shutil.which("sinfo"):
         return False
     p = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    return p.returncode == 0 and any(s in p.stdout for s in ("idle", "mixed", "allocated"))
+    return p.returncode == 0 and any(s in p.stdout for s in ("idle", "mixed", "allocated", "completing"))
 
 
 @pytest.fixture(scope="session")

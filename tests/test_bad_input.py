@@ -196,8 +196,8 @@ CASES = [
     Case("profile-extends-not-a-name", ["pretrain", "-c", "tiny", "--env-file", "bad.toml", "--run", "extnum", "-d"],
          [r"bad\.toml \[extnum\]: extends must be a profile name, got 3$"]),
     Case("profile-secret-env", ["pretrain", "-c", "tiny", "--env-file", "bad.toml", "--batch", "secret"],
-         [r"bad\.toml \[secret\] env\.HF_TOKEN: secrets don't belong in env\.toml: export HF_TOKEN in the "
-          r"submitting shell"], submits=True, hidden=("hf_FAKEsecretvalue123",)),
+         [r"bad\.toml \[secret\] env\.HF_TOKEN: secrets don't belong in env\.toml: export HF_TOKEN where you "
+          r"submit from"], submits=True, hidden=("hf_FAKEsecretvalue123",)),
     Case("profile-invalid-toml", ["pretrain", "-c", "tiny", "--batch", "ci"],
          [r"\S*/env\.toml: invalid TOML: .*line 2"],
          files={"env.toml": '[ci]\nexecutor = "slurm\naccount = "ultra3"\n'}, submits=True),
@@ -230,7 +230,7 @@ CASES = [
     Case("flag-dry-run-with-value", ["pretrain", "-c", "tiny", "--dry-run=true"],
          [r"Option '--dry-run' does not take a value\.$"]),
     # -- executor rules --------------------------------------------------------------------------------
-    Case("executor-local-96-nodes", ["pretrain", "-d"],
+    Case("executor-local-96-nodes", ["pretrain", "-d", "dataset.mock=true"],
          [r"run\.nodes: 96 nodes, but the local executor runs on this machine only; submit with --run/--batch"]),
     Case("executor-local-nodes-override", ["pretrain", "-c", "tiny", "run.nodes=2", "-d"],
          [r"run\.nodes: 2 nodes, but the local executor runs on this machine only; "]),
@@ -265,7 +265,7 @@ CASES = [
     Case("layout-global-batch-vs-mbs", ["pretrain", "--config=tiny", "--batch=blackwell", "train.micro_batch_size=3",
                                         "--dry-run"],
          [r"train\.global_batch_size: global batch 4 is not divisible by MBS·DP = 3·1 = 3"]),
-    Case("precision-nvfp4-on-hopper-dry-run", ["pretrain", "--batch", "hopper", "--dry-run"],
+    Case("precision-nvfp4-on-hopper-dry-run", ["pretrain", "--batch", "hopper", "--dry-run", "dataset.mock=true"],
          [rf"mixed_precision: {NVFP4} trains in NVFP4, which needs SM 10\.0/10\.3 \(Blackwell\), but h100 is SM 9\.0",
           r"model\.recompute_granularity: estimated [\d.]+ GiB per GPU .* exceeds the 80 GiB of h100"]),
     Case("precision-nvfp4-on-hopper", ["-b", "hopper", "pretrain", "-c", "tiny", f"mixed_precision={NVFP4}"],

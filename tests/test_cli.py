@@ -187,7 +187,7 @@ def test_config_path_outside_the_repo_with_defaults(cli, tmp_path):
     mine = tmp_path / "elsewhere" / "mine.yaml"
     mine.parent.mkdir()
     mine.write_text("# my variant of the stage's default\ndefaults: [default]\nlogger:\n  log_interval: 7\n")
-    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d"))
+    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d", "dataset.blend_path=/data/blend.json"))
     assert r.out.startswith(f"ultra3 pretrain: config {mine} (mine.yaml), profile 'blackwell'")
     rows = provenance(r.out)
     assert rows["logger.log_interval"] == ("7", str(mine))

@@ -293,10 +293,10 @@ def test_profile_user_errors(tmp_path, toml, name, message):
      ["error: env.toml [a] exclusive: must be true/false, got 'yes'",
       "error: env.toml [a] gpus_per_node: must be an integer, got 'eight'"]),
     ("[a]\nexecutor = 'slurm'\n[a.env]\nHF_TOKEN = 'x'\nMY_PASSWORD = 'y'\n",
-     ["error: env.toml [a] env.HF_TOKEN: secrets don't belong in env.toml: export HF_TOKEN in the submitting shell; "
-      "the job inherits it from the environment",
-      "error: env.toml [a] env.MY_PASSWORD: secrets don't belong in env.toml: export MY_PASSWORD in the submitting "
-      "shell; the job inherits it from the environment"]),
+     ["error: env.toml [a] env.HF_TOKEN: secrets don't belong in env.toml: export HF_TOKEN where you submit from "
+      "(for SSH profiles: in the login node's environment); the job inherits it from the environment",
+      "error: env.toml [a] env.MY_PASSWORD: secrets don't belong in env.toml: export MY_PASSWORD where you submit "
+      "from (for SSH profiles: in the login node's environment); the job inherits it from the environment"]),
 ])
 def test_profile_schema_errors_one_line_each(tmp_path, toml, lines):
     env = write(tmp_path / "env.toml", toml)

@@ -13,11 +13,15 @@ from ultra3.stages import STAGES
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [(s, c) for s in STAGES for c in config_names(s.config_dir)]
+# the full runs need data (the dry run refuses a training job without any)
+DATA = {"pretrain": ["dataset.blend_path=/lustre/data/blend.json"],
+        "sft": ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"]}
 
 
 @pytest.mark.parametrize("stage,config", CASES, ids=[f"{s.slug}-{c}" for s, c in CASES])
 def test_dry_run_matches_golden(cli, home, stage, config):
-    result = cli(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run")
+    data = DATA.get(stage.name, []) if config == "default" else []
+    result = cli(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", *data)
     assert result.rc == 0, result.err
     text = result.out.replace(str(Path.cwd()), "<cwd>")
     golden = GOLDEN / f"{stage.slug}-{config}.txt"

@@ -33,10 +33,10 @@ container_image = ""
 STAGE = {s.name: s for s in STAGES}
 CASES = [
     ("pretrain", "tiny", "ci", []),
-    ("pretrain", "default", "blackwell", []),
+    ("pretrain", "default", "blackwell", ["dataset.blend_path=/lustre/data/blend.json"]),
     ("sft", "tiny", "extras", ["run.time=01:00:00"]),
     ("data prep pretrain", "tiny", "ci-cpu", []),
-    ("sft", "default", "extras", ["run.nodes=48", "model.pipeline_model_parallel_size=6"]),
+    ("sft", "default", "extras", ["run.nodes=48", "model.pipeline_model_parallel_size=6", "dataset.mock=true"]),
 ]
 
 

@@ -196,8 +196,11 @@ def _main(app: typer.Typer, prog: str) -> None:
         for line in e.lines():
             print(line, file=sys.stderr)
         code = e.exit_code
+    except OSError as e:  # the machine refused: a path, a permission, a full disk
+        print(f"error: {e}", file=sys.stderr)
+        code = 1
     except Exception as e:  # a bug of ours: one line, the traceback on request
-        if os.environ.get("ULTRA3_DEBUG"):
+        if os.environ.get("ULTRA3_DEBUG", "0") not in ("", "0"):
             raise
         print(f"internal error: {type(e).__name__}: {e} (a launcher bug; ULTRA3_DEBUG=1 shows the traceback)",
               file=sys.stderr)

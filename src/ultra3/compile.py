@@ -14,7 +14,8 @@ from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge,
 from .errors import InvalidConfig
 from .findings import Report
 from .gpus import visible_gpu_count
-from .profiles import SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
+from .paths import nemorun_home
+from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
 from .stages import Stage
 
 Mode = Literal["local", "attached", "detached"]
@@ -87,7 +88,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
         if section in flat and flat[section] != {}:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
     _job_shape(stage, executor, flat, origin, report)
-    flat["job.dir"] = JOB_DIR_PLACEHOLDER
+    flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": stage.recipe,
+                 "job.dir": JOB_DIR_PLACEHOLDER})
     tree = unflatten(flat)
 
     schema = dict(getattr(schemas, stage.schema))
@@ -148,6 +150,11 @@ def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: d
     if not run.get("account"):
         report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)} "
                                     "or run.account=NAME")
+    root = run.get("job_dir") or ("" if run.get("host") else str(nemorun_home()))
+    if "/nemo_run" in root and not run.get("container_image"):
+        key = "run.job_dir" if run.get("job_dir") else "NEMORUN_HOME"
+        report.error(key, f"{root} contains '/nemo_run', which NeMo-Run rewrites in container-less job scripts; "
+                          "choose a directory without it")
     if run.get("host"):
         for key in ("user", "job_dir"):
             if not run.get(key):
@@ -171,7 +178,7 @@ def _check_secrets(flat: dict[str, Any], origin: dict[str, str], report: Report)
         name = key.removeprefix("run.env.")
         if name != key and SECRET_NAME.search(name) and value not in (None, ""):
             report.error(key, f"a secret would be written to the job dir (set in {origin[key]}); remove it and "
-                              f"export {name} in the submitting shell: the job inherits it from the environment")
+                              + SECRET_FIX.format(name=name))
         for var in _ENV_REF.findall(value) if isinstance(value, str) else ():
             if SECRET_NAME.search(var):
                 report.error(key, f"references the secret {var}; secrets reach the job through its environment "

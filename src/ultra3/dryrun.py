@@ -53,8 +53,9 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
     _section(out, "resources")
     gpus = run.get("gpus_per_node") or 0
     nodes = run.get("nodes") or 1
-    gpu = f" ({run['gpu']})" if run.get("gpu") else ""
-    out.write(f"nodes {nodes} x gpus_per_node {gpus} = {nodes * gpus} GPUs{gpu}, time {run.get('time') or '-'}\n")
+    gpu = job.config["cluster"].get("gpu")
+    total = f"{nodes * gpus} GPU{'s' if nodes * gpus != 1 else ''}{f' ({gpu})' if gpu else ''}"
+    out.write(f"nodes {nodes} x gpus_per_node {gpus} = {total}, time {run.get('time') or '-'}\n")
     for name, rows in job.report.tables.items():
         _section(out, name)
         label_width = max((len(label) for label, _ in rows), default=0)

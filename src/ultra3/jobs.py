@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -135,9 +136,10 @@ def _slurm_states(records: list[JobRecord]) -> dict[str, State]:
     for line in acct.stdout.splitlines():
         parts = line.split("|")
         if len(parts) >= 4:
-            code = int(parts[2].split(":")[0]) if parts[2].split(":")[0].isdigit() else None
-            found[parts[0]] = State(parts[1].split()[0].rstrip("+"), code, parts[3] if parts[3] != "None" else "",
-                                    "sacct")
+            st = parts[1].split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+            code = parts[2].split(":")[0]
+            found[parts[0]] = State(st, int(code) if st in TERMINAL and code.isdigit() else None,
+                                    parts[3] if st == "PENDING" and parts[3] != "None" else "", "sacct")
     missing = [r for r in records if r.slurm_id not in found]
     if missing:  # accounting lags or forgot the job: ask the controller
         queue = shell(records[0], f"squeue -h -j {','.join(r.slurm_id for r in missing)} -o '%i|%T|%r'")
@@ -155,7 +157,7 @@ def _slurm_states(records: list[JobRecord]) -> dict[str, State]:
 
 def _job_dir_state(record: JobRecord) -> State:
     """Neither sacct nor squeue knows the job: read the end marker NeMo-Run's script writes."""
-    out = shell(record, f"cat {record.task_dir}/sbatch_*_{record.slurm_id}.out 2>/dev/null | "
+    out = shell(record, f"cat {shlex.quote(record.task_dir)}/sbatch_*_{record.slurm_id}.out 2>/dev/null | "
                         "grep -a '^job exited with code' | tail -n 1").stdout.strip()
     if out:
         code = int(out.rsplit(" ", 1)[-1])
@@ -188,7 +190,7 @@ def _alive(pid: int) -> bool:
 # -- logs ----------------------------------------------------------------------------------------
 
 def log_text(record: JobRecord) -> str:
-    return shell(record, f"cat {record.job_dir}/{record.log_glob} 2>/dev/null").stdout
+    return shell(record, f"cat {shlex.quote(record.job_dir)}/{record.log_glob} 2>/dev/null").stdout
 
 
 def failure_reason(record: JobRecord) -> str:
@@ -210,7 +212,7 @@ def follow(record: JobRecord, out, poll: float = 1.0) -> State:
             out.write(text[printed:])
             out.flush()
             printed = len(text)
-        if st.done:
+        if st.done or (record.executor == "local" and st.state == "UNKNOWN"):
             time.sleep(poll)  # the last lines land after the state flips
             rest = log_text(record)[printed:]
             out.write(rest)

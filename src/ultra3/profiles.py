@@ -20,6 +20,8 @@ from .schema import CLUSTER, EXECUTORS, RUN_KEYS, check, run_schema, suggest
 
 ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
 # TOKEN but not TOKENIZER(S_PARALLELISM): the tokenizer is a model name, not a secret
+SECRET_FIX = ("export {name} where you submit from (for SSH profiles: in the login node's environment); "
+              "the job inherits it from the environment")
 SECRET_NAME = re.compile(r"TOKEN(?!IZ)|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
 
 
@@ -90,8 +92,7 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
     check_run_keys(values, executor, report, {}, extra=CLUSTER)
     for var in values.get("env") or {}:
         if SECRET_NAME.search(var):
-            report.error(f"env.{var}", f"secrets don't belong in env.toml: export {var} in the submitting "
-                                       "shell; the job inherits it from the environment")
+            report.error(f"env.{var}", "secrets don't belong in env.toml: " + SECRET_FIX.format(name=var))
     if report.errors:
         where = f"{path.name} [{name}]"
         raise InvalidConfig([Finding("error", f"{where} {f.key}", f.message) for f in report.errors])

@@ -12,7 +12,6 @@ from typing import Any
 
 from .findings import Report
 
-ANY_LIST = list
 Schema = dict[str, Any]
 
 # The job's shape and executor settings: the `run` section of every stage, fed by the stage config,
@@ -98,8 +97,14 @@ MODEL: Schema = {
     "first_last_layers_bf16": bool,
     "num_layers_at_start_in_bf16": int,
     "num_layers_at_end_in_bf16": int,
+    "fp8": str,
     "fp8_recipe": str,
+    "fp4_param_gather": bool,
     "cuda_graph_impl": str,
+    "enable_cuda_graph": bool,
+    "mamba_chunk_size": int,
+    "share_embeddings_and_output_weights": bool,
+    "mtp_use_repeated_layer": bool,
 }
 
 TRAINING: Schema = {
@@ -112,9 +117,11 @@ TRAINING: Schema = {
         "overlap_grad_reduce": bool,
         "overlap_param_gather": bool,
         "use_distributed_optimizer": bool,
+        "use_megatron_fsdp": bool,
     },
     "train": {
         "train_iters": int,
+        "train_samples": int,
         "global_batch_size": int,
         "micro_batch_size": int,
         "manual_gc": bool,
@@ -130,11 +137,13 @@ TRAINING: Schema = {
         "adam_beta2": float,
         "adam_eps": float,
         "clip_grad": float,
+        "use_distributed_optimizer": bool,
     },
     "scheduler": {
         "lr_decay_style": str,
         "lr_wsd_decay_style": str,
         "lr_warmup_iters": int,
+        "lr_warmup_fraction": float,
         "lr_decay_iters": int,
         "lr_wsd_decay_iters": int,
     },
@@ -142,6 +151,7 @@ TRAINING: Schema = {
         "blend_path": str,
         "packed_dir": str,
         "pack_size": int,
+        "seq_length": int,
         "mock": bool,
         "num_workers": int,
     },
@@ -159,7 +169,7 @@ TRAINING: Schema = {
         "wandb_exp_name": str,
     },
     "rng": {"seed": int},
-    "dist": {"distributed_timeout_minutes": int},
+    "dist": {"distributed_timeout_minutes": int, "use_megatron_fsdp": bool},
 }
 
 DATA_PREP: Schema = {

@@ -26,13 +26,12 @@ PACKAGES = ("ultra3-launcher", "nemo_run", "leptonai", "omegaconf", "typer", "Py
 
 def new_job_id(job: Job) -> str:
     # NeMo-Run derives the experiment title from the part before the last "_"
-    return f"{job.stage.slug}_{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"{job.stage.slug}_{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def write_code_dir(job: Job, job_id: str, job_dir: str, code_dir: Path) -> dict:
     """Fill `code_dir` (the job's working directory); returns the manifest."""
-    config = job.with_job({"id": job_id, "dir": job_dir, "stage": job.stage.name, "launch": job.stage.launch,
-                           "recipe": job.stage.recipe})
+    config = job.with_job({"id": job_id, "dir": job_dir})
     text = yaml.safe_dump(config, sort_keys=False)
     (code_dir / "recipes").mkdir(parents=True, exist_ok=True)
     (code_dir / CONFIG_FILE).write_text(text)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 
 from ..compile import Job
 from ..jobs import JobRecord
 from ..paths import nemorun_home
 from .jobdir import write_code_dir
-from .plan import job_command, task_name
+from .plan import local_command, task_name
 
 LOG = "log-local.out"
 
@@ -26,10 +25,14 @@ def submit(job: Job, job_id: str) -> JobRecord:
     env = {**os.environ, **{k: str(v) for k, v in (run.get("env") or {}).items()}, "PYTHONUNBUFFERED": "1"}
     setup = "".join(f"{line}\n" for line in run.get("setup") or [])
     # The job's own process group, so cancel stops everything it started; the exit code lands in the
-    # task dir, where `jobs status` reads it from any later shell.
-    script = (f"{setup}{shlex.join(job_command(sys.executable))} > ../{LOG} 2>&1\n"
-              f"echo $? > ../exit_code\n")
+    # task dir, where `jobs status` reads it from any later shell: also when a setup line exits, or
+    # cancel's SIGTERM stops the script (143, as a shell reports it).
+    record_exit = f"echo $? > {shlex.quote(str(exp_dir / task / 'exit_code'))}"
+    script = (f"trap {shlex.quote(record_exit)} EXIT\n"
+              "trap 'exit 143' TERM\n"
+              f"{setup}{shlex.join(local_command(job))} > ../{LOG} 2>&1\n")
     proc = subprocess.Popen(["bash", "-c", script], cwd=code, env=env, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return JobRecord(id=job_id, stage=job.stage.name, config=job.options.config, executor="local", mode=job.mode,
-                     submitted=0, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}", pid=proc.pid)
+                     submitted=0, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}", pid=proc.pid,
+                     profile=job.profile.name if job.profile else None)

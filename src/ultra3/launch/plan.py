@@ -7,6 +7,7 @@ script in the dry run, so the two cannot drift apart (tests compare them on a re
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,4 +89,4 @@ def _untraced(lines: list[str]) -> str | None:
 
 
 def local_command(job: Job) -> list[str]:
-    return job_command()
+    return job_command(sys.executable)  # the launcher's own Python, which has PyYAML

@@ -23,7 +23,7 @@ def check(cfg: dict, report) -> None:
     gpn_unknown = gpn is None or (gpn == 0 and not isinstance(gpn, bool))  # 0 = nothing visible here
     unknown = [key for key, missing in (("run.gpus_per_node", gpn_unknown), ("run.nodes", nodes is None)) if missing]
     if unknown:
-        why = "no GPU is visible on this machine and the profile does not set it" if gpn_unknown else "unset"
+        why = "no GPU count is known (none visible on this machine, none in the profile)" if gpn_unknown else "unset"
         names = " and ".join(unknown)
         report.warn(
             unknown[0],
