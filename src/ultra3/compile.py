@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import schema as schemas
-from .schema import CLUSTER
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .errors import InvalidConfig
 from .findings import Report
 from .gpus import visible_gpu_count
 from .paths import nemorun_home
 from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
+from .schema import CLUSTER
 from .stages import Stage
 
 Mode = Literal["local", "attached", "detached"]
@@ -92,14 +92,13 @@ def compile_job(stage: Stage, options: Options) -> Job:
                  "job.dir": JOB_DIR_PLACEHOLDER})
     tree = unflatten(flat)
 
-    schema = dict(getattr(schemas, stage.schema))
     # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
     # override of such a key is an error
     run = {k: v for k, v in (tree.get("run") or {}).items()
            if k in schemas.run_schema(executor) or k not in schemas.RUN_KEYS or _set_by_user(f"run.{k}", origin)}
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
-                  {**{k: v for k, v in schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
+                  {**{k: v for k, v in stage.schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
     _check_secrets(flat, origin, report)
     if report.errors:
         raise InvalidConfig(report.errors)
@@ -189,5 +188,3 @@ def changed_keys(job: Job) -> dict[str, str]:
     """Keys whose value does not come from the stage's default config, with their source."""
     return {k: src for k, src in job.origin.items() if src not in job.base_sources}
 
-
-__all__ = ["CLI_SOURCE", "Job", "Options", "compile_job", "changed_keys", "JOB_DIR_PLACEHOLDER"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from .schema import DATA_PREP, TRAINING
+
 Launch = Literal["torchrun", "ray", "process"]
 
 
@@ -16,7 +18,7 @@ class Stage:
     config_dir: str  # under configs/
     recipe: str  # the runtime script under recipes/, run inside the job
     launch: Launch  # torchrun over the GPUs of each node, a Ray cluster, or one process
-    schema: str  # name of the schema in ultra3.schema
+    schema: dict  # the typed schema of its config (ultra3.schema)
     validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
     examples: tuple[str, ...] = ()
 
@@ -40,7 +42,7 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage(
         ("pretrain",), "Pretrain Nemotron 3 Ultra with Megatron-Bridge (NVFP4 by default).",
-        "pretrain", "pretrain.py", "torchrun", "TRAINING", "ultra3.validation.validate_training",
+        "pretrain", "pretrain.py", "torchrun", TRAINING, "ultra3.validation.validate_training",
         examples=(
             "ultra3 pretrain -c tiny --dry-run",
             "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json",
@@ -49,7 +51,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.",
-        "sft", "sft.py", "torchrun", "TRAINING", "ultra3.validation.validate_training",
+        "sft", "sft.py", "torchrun", TRAINING, "ultra3.validation.validate_training",
         examples=(
             "ultra3 sft -c tiny --dry-run",
             "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
@@ -57,12 +59,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         ("data", "prep", "pretrain"), "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
-        "data_prep/pretrain", "data_prep_pretrain.py", "ray", "DATA_PREP",
+        "data_prep/pretrain", "data_prep_pretrain.py", "ray", DATA_PREP,
         examples=("ultra3 data prep pretrain -c tiny --dry-run", "ultra3 data prep pretrain --batch mycluster"),
     ),
     Stage(
         ("data", "prep", "sft"), "Render, mask and pack SFT conversations into Parquet on Ray.",
-        "data_prep/sft", "data_prep_sft.py", "ray", "DATA_PREP",
+        "data_prep/sft", "data_prep_sft.py", "ray", DATA_PREP,
         examples=("ultra3 data prep sft -c tiny --dry-run", "ultra3 data prep sft --batch mycluster"),
     ),
 )
