@@ -23,7 +23,8 @@ def list_jobs(limit: int) -> None:
     for r in records:
         st = states.get(r.id, jobs.State("UNKNOWN"))
         where = r.profile or "local"
-        rows.append((r.id, r.stage, r.config, where, r.slurm_id or "-", st.state, _age(r.submitted)))
+        stage = r.stage.replace(" ", "-")  # one word per column
+        rows.append((r.id, stage, r.config, where, r.slurm_id or "-", st.state, _age(r.submitted)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
