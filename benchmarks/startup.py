@@ -21,7 +21,7 @@ PROFILE = """
 executor = "slurm"
 account = "bench"
 partition = "batch"
-gpu = "h100"
+gpu = "b200"
 gpus_per_node = 8
 """
 
@@ -29,7 +29,7 @@ COMMANDS = {
     "ultra3 --help": ["--help"],
     "ultra3 pretrain -c tiny --dry-run --batch bench": ["pretrain", "-c", "tiny", "--dry-run", "--batch", "bench"],
     "ultra3 pretrain --dry-run --batch bench (full Ultra)": ["pretrain", "--dry-run", "--batch", "bench",
-                                                              "mixed_precision=bf16_mixed", "dataset.blend_path=/data/blend.json"],
+                                                              "dataset.blend_path=/data/blend.json"],
 }
 TARGETS = {"ultra3 --help": 0.2, "ultra3 pretrain -c tiny --dry-run --batch bench": 0.3}
 
