@@ -1,11 +1,478 @@
-"""Runtime of the `data prep pretrain` stage, started by launch.py inside the job after the preflight.
+"""Runtime of `ultra3 data prep pretrain`: tokenize pretraining corpora into Megatron bin/idx shards on Ray.
 
-Not built yet: the stage resolves, validates, dry-runs and submits, and its job stops here with a
-one-line message until the runtime lands.
+    python recipes/data_prep_pretrain.py --config config.yaml
+
+Started by recipes/launch.py inside the job (after the preflight) with the resolved config; it runs just as
+well by hand. Needs the `data` extra (ray, tokenizers, pyarrow, numpy, zstandard, huggingface_hub) and
+PyYAML; never the launcher.
+
+Config keys (others, such as `run` and `job`, are ignored):
+
+    datasets:            # required, a list of
+      - name: web        #   required, unique, [A-Za-z0-9._-]: the output subdirectory
+        path: /data/web/*.jsonl.zst   # a JSONL (plain/.gz/.zst) or Parquet file, a directory, a glob,
+                                      # or hf://org/name[/glob] (Hugging Face dataset)
+        text_field: text #   default: the top-level text_field, else "text"
+        weight: 1.0      #   default 1.0; its share of the blend
+        split: train     #   hf:// only: the split to read (default train)
+        subset: null     #   hf:// only: the dataset config (subset)
+        revision: null   #   hf:// only: branch, tag or commit (default main)
+    tokenizer: org/name  # required: a tokenizer.json, a directory holding one, or a hub model id[@revision]
+    eod_token: null      # default: the tokenizer's eos_token
+    output_dir: /out     # required
+    num_shards: 8        # per dataset (fewer when a dataset has fewer records)
+    valid_shards: 1      # per dataset with >= 3 shards; else all train
+    test_shards: 1
+    sample: null         # N: the first N records of each dataset, into output_dir/sample-N
+    force: false         # redo every shard
+    strict: false        # a bad record stops the run (exit 2)
+    workers: null        # most shard tasks at once (default: the cluster's CPUs / cpus_per_task)
+    cpus_per_task: 1     # CPUs (tokenizer threads) per shard task
+    hf_cache_dir: null   # where hf:// datasets and hub tokenizers are downloaded (shared storage on clusters)
+    verify: size         # how finished shards are checked before being reused: size | checksum
+    progress_interval: 30  # seconds between progress lines
+    object_store_mb: 256   # the embedded Ray's object store
+
+Output (under output_dir, or output_dir/sample-N):
+
+    blend.json                      Megatron-Bridge per_split_data_args_path: {"train": [w, prefix, ...], ...}
+    manifest.json                   inputs (fingerprints), tokenizer, config hash, per-shard counts, bad records
+    plan.json                       the shard plan and the inputs' record counts (reused by later runs)
+    <dataset>/shard_000000.bin/.idx Megatron MMIDIDX indexed dataset
+    <dataset>/shard_000000.json     the shard's receipt
+
+Exit codes: 0 done; 2 a config or input problem (one line on stderr, and nothing written when it is found
+before any shard: missing inputs, an unreadable tokenizer, an empty corpus), or a bad record under strict;
+1 no Ray (one line), or anything else (with its traceback); 143 on SIGTERM.
 """
 
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
 import sys
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from dataprep import blend, inputs, progress, shards  # noqa: E402
+from dataprep import tokenizer as tokenization  # noqa: E402
+from dataprep.cluster import Cluster, ClusterError, where  # noqa: E402
+from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
+
+PROG = "ultra3 data prep pretrain"
+MANIFEST_FORMAT = "ultra3-pretrain-data/1"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+SCAN_LOCAL_BYTES = 256 << 20  # inputs up to this size are counted in the driver, bigger ones on Ray
+
+
+@dataclass
+class Dataset:
+    name: str
+    path: str
+    text_field: str
+    weight: float
+    split: str
+    subset: str | None
+    revision: str | None
+
+
+@dataclass
+class Settings:
+    datasets: list
+    tokenizer: str
+    eod_token: str | None
+    output_dir: str
+    num_shards: int
+    valid_shards: int
+    test_shards: int
+    sample: int | None
+    force: bool
+    strict: bool
+    workers: int | None
+    cpus_per_task: int
+    hf_cache_dir: str | None
+    verify: str
+    progress_interval: float
+    object_store_mb: int
+
+    @property
+    def out(self) -> str:
+        return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
+
+
+def _int(cfg: dict, key: str, default, low: int, allow_none: bool = False):
+    value = cfg.get(key, default)
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DataPrepError(f"{key} must be an integer >= {low}{' or null' if allow_none else ''}, not {value!r}")
+    return value
+
+
+def _bool(cfg: dict, key: str) -> bool:
+    value = cfg.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise DataPrepError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
+def _str(cfg: dict, key: str, default=None, required: bool = False) -> str | None:
+    value = cfg.get(key, default)
+    if value is None or value == "":
+        if required:
+            raise DataPrepError(f"{key} is not set")
+        return None
+    if not isinstance(value, str):
+        raise DataPrepError(f"{key} must be a string, not {value!r}")
+    return value
+
+
+def parse_settings(cfg: dict) -> Settings:
+    if not isinstance(cfg, dict):
+        raise DataPrepError("the config is not a mapping")
+    default_field = _str(cfg, "text_field", "text") or "text"
+    raw = cfg.get("datasets")
+    if not raw or not isinstance(raw, list):
+        raise DataPrepError("datasets is empty: list the corpora to tokenize ({name, path, weight, text_field})")
+    datasets, seen = [], set()
+    for i, d in enumerate(raw):
+        if not isinstance(d, dict):
+            raise DataPrepError(f"datasets[{i}] must be a mapping with name and path, not {d!r}")
+        unknown = set(d) - {"name", "path", "text_field", "weight", "split", "subset", "revision"}
+        if unknown:
+            raise DataPrepError(f"datasets[{i}] has unknown key(s) {', '.join(sorted(unknown))} (known: name, path, "
+                                "text_field, weight, split, subset, revision)")
+        name = d.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise DataPrepError(f"datasets[{i}].name must be letters, digits, '.', '_' or '-', not {name!r}")
+        if name in seen:
+            raise DataPrepError(f"datasets[{i}].name {name!r} is used twice")
+        seen.add(name)
+        path = d.get("path")
+        if not isinstance(path, str) or not path:
+            raise DataPrepError(f"dataset {name}: path is not set")
+        weight = d.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise DataPrepError(f"dataset {name}: weight must be a number > 0, not {weight!r}")
+        text_field = d.get("text_field") or default_field
+        for key in ("text_field", "split", "subset", "revision"):
+            if d.get(key) is not None and not isinstance(d.get(key), str):
+                raise DataPrepError(f"dataset {name}: {key} must be a string, not {d.get(key)!r}")
+        datasets.append(Dataset(name, path, text_field, float(weight), d.get("split") or "train", d.get("subset"),
+                                d.get("revision")))
+    verify = cfg.get("verify") or "size"
+    if verify not in ("size", "checksum"):
+        raise DataPrepError(f"verify must be size or checksum, not {verify!r}")
+    interval = cfg.get("progress_interval", 30)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
+    output_dir = _str(cfg, "output_dir", required=True)
+    return Settings(
+        datasets=datasets,
+        tokenizer=_str(cfg, "tokenizer", required=True),
+        eod_token=_str(cfg, "eod_token"),
+        output_dir=os.path.abspath(os.path.expanduser(output_dir)),
+        num_shards=_int(cfg, "num_shards", 8, 1),
+        valid_shards=_int(cfg, "valid_shards", 1, 0),
+        test_shards=_int(cfg, "test_shards", 1, 0),
+        sample=_int(cfg, "sample", None, 1, allow_none=True),
+        force=_bool(cfg, "force"),
+        strict=_bool(cfg, "strict"),
+        workers=_int(cfg, "workers", None, 1, allow_none=True),
+        cpus_per_task=_int(cfg, "cpus_per_task", 1, 1),
+        hf_cache_dir=_str(cfg, "hf_cache_dir"),
+        verify=verify,
+        progress_interval=float(interval),
+        object_store_mb=_int(cfg, "object_store_mb", 256, 80),
+    )
+
+
+def load_config(path: str) -> dict:
+    try:
+        import yaml
+    except ImportError:
+        raise DataPrepError(f"PyYAML is not installed in this Python ({sys.executable})") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f) or {}
+    except OSError as e:
+        raise DataPrepError(f"config {path} is not readable ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise DataPrepError(f"config {path} is not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+# ---- inputs and plan -----------------------------------------------------------------------------------
+
+def resolve_files(settings: Settings) -> dict:
+    """{dataset name: ([(path, format)], hub provenance or None)}; local paths are checked before anything
+    is downloaded."""
+    found: dict = {}
+    for d in settings.datasets:
+        if d.path.startswith("hf://"):
+            continue
+        paths = inputs.expand(d.path)
+        if not paths:
+            raise DataPrepError(f"dataset {d.name}: {d.path} matches no input file")
+        found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], None)
+    for d in settings.datasets:
+        if d.path.startswith("hf://"):
+            from dataprep import hub
+
+            paths, provenance = hub.resolve_dataset(d.path, d.split, d.subset, d.revision, settings.hf_cache_dir)
+            found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], provenance)
+    return {d.name: found[d.name] for d in settings.datasets}
+
+
+def read_plan_cache(out: str) -> dict:
+    try:
+        with open(os.path.join(out, "plan.json"), encoding="utf-8") as f:
+            plan = json.load(f)
+        return {(s["path"], s["text_field"]): s for s in plan.get("sources", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def scan_sources(settings: Settings, files: dict, cache: dict, cluster: Cluster) -> dict:
+    """{dataset name: [source entries]}: fingerprints and record counts of the inputs (see inputs.scan)."""
+    result: dict = {}
+    if settings.sample:  # only as far into the inputs as the sample reaches
+        for d in settings.datasets:
+            result[d.name], need = [], settings.sample
+            for path, fmt in files[d.name][0]:
+                if need == 0:
+                    break
+                entry = inputs.scan(path, fmt, d.text_field, cache.get((path, d.text_field)), need)
+                result[d.name].append(entry)
+                need -= entry["records"]
+        return result
+    jobs = [(d.name, path, fmt, d.text_field) for d in settings.datasets for path, fmt in files[d.name][0]]
+    size = sum(os.path.getsize(path) for _, path, _, _ in jobs)
+    if size <= SCAN_LOCAL_BYTES or len(jobs) == 1:
+        entries = [inputs.scan(path, fmt, field, cache.get((path, field))) for _, path, fmt, field in jobs]
+    else:
+        ray = cluster.start()
+        remote = ray.remote(num_cpus=1, max_retries=2)(inputs.scan)
+        refs = [remote.remote(path, fmt, field, cache.get((path, field))) for _, path, fmt, field in jobs]
+        try:
+            entries = ray.get(refs)
+        except DataPrepError as e:
+            raise DataPrepError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
+    for (name, *_), entry in zip(jobs, entries):
+        result.setdefault(name, []).append(entry)
+    return result
+
+
+def make_plan(settings: Settings, sources: dict, tok: tokenization.TokenizerInfo) -> dict:
+    """{dataset name: [ShardTask]}; a DataPrepError for a dataset without a single record."""
+    tasks = {}
+    for d in settings.datasets:
+        srcs = sources.get(d.name) or []
+        if sum(s["records"] for s in srcs) == 0:
+            files = ", ".join(s["path"] for s in srcs[:3]) or d.path
+            raise DataPrepError(f"empty corpus: dataset {d.name} has no records ({files})")
+        tasks[d.name] = shards.plan_dataset(d.name, os.path.join(settings.out, d.name), d.text_field, srcs,
+                                            settings.num_shards, tok.sha256, tok.eod_id, tok.dtype)
+        n, held_out = len(tasks[d.name]), settings.valid_shards + settings.test_shards
+        if n >= 3 and held_out >= n:
+            raise DataPrepError(f"dataset {d.name} has {n} shards: valid_shards + test_shards ({held_out}) must "
+                                "leave at least one for train (raise num_shards or lower them)")
+    return tasks
+
+
+def config_hash(settings: Settings, tok: tokenization.TokenizerInfo) -> str:
+    return hashlib.sha256(json.dumps({
+        "format": shards.FORMAT,
+        "datasets": [vars(d) for d in settings.datasets],
+        "tokenizer_sha256": tok.sha256, "eod_id": tok.eod_id, "dtype": tok.dtype,
+        "num_shards": settings.num_shards, "valid_shards": settings.valid_shards,
+        "test_shards": settings.test_shards, "sample": settings.sample,
+    }, sort_keys=True).encode()).hexdigest()
+
+
+# ---- running the shards --------------------------------------------------------------------------------
+
+def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, tok_json: str,
+               cluster: Cluster, total_records: int) -> dict:
+    ray = cluster.start()
+    workers = settings.workers or max(1, cluster.cpus // settings.cpus_per_task)
+    print(f"{where()}: {cluster.cpus} CPUs; {len(todo)} shard(s) to write, {workers} at a time", flush=True)
+    board = ray.remote(num_cpus=0)(progress.Board).remote()
+    remote = ray.remote(num_cpus=settings.cpus_per_task)(shards.write_shard)
+    tok_ref = ray.put(tok_json)
+    queue = sorted(todo, key=lambda t: -t.est_bytes)  # largest first (stable: plan order among equals)
+    inflight: dict = {}
+    receipts: dict = {}
+    clock = progress.Clock(settings.progress_interval)
+    try:
+        while queue or inflight:
+            while queue and len(inflight) < workers:
+                task = queue.pop(0)
+                ref = remote.remote(task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict,
+                                    settings.cpus_per_task, board)
+                inflight[ref] = task
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(settings.progress_interval, 1.0))
+            for ref in ready:
+                task = inflight.pop(ref)
+                try:
+                    receipts[task.key] = ray.get(ref)
+                except BadRecordError as e:
+                    raise BadRecordError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
+            if clock.due() or not (queue or inflight):  # and once at the end
+                records, docs, tokens, nbytes = ray.get(board.totals.remote())
+                print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
+                                    clock.elapsed), flush=True)
+    finally:
+        for ref in inflight:
+            ray.cancel(ref, force=True)
+    return receipts
+
+
+# ---- outputs -------------------------------------------------------------------------------------------
+
+def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: dict, sources: dict, plan: dict,
+                  receipts: dict) -> dict:
+    out = settings.out
+    datasets, totals_bad = [], inputs.BadRecords()
+    for d in settings.datasets:
+        tasks = plan[d.name]
+        splits = blend.assign_splits(d.name, len(tasks), settings.valid_shards, settings.test_shards)
+        bad = inputs.BadRecords()
+        rows = []
+        for task, split in zip(tasks, splits):
+            r = receipts[task.key]
+            bad.merge(r["bad"]["counts"], r["bad"]["examples"])
+            rows.append({"index": task.index, "prefix": os.path.relpath(task.prefix, out), "split": split,
+                         "records": r["records"], "docs": r["docs"], "tokens": r["tokens"],
+                         "bin_bytes": r["bin"]["bytes"], "bin_sha256": r["bin"]["sha256"],
+                         "idx_sha256": r["idx"]["sha256"], "bad": r["bad"]["counts"]})
+        totals_bad.merge(bad.counts, bad.examples)
+        datasets.append({
+            "name": d.name, "path": d.path, "weight": d.weight, "text_field": d.text_field,
+            **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
+            "inputs": [{"path": s["path"], "format": s["format"], **s["fingerprint"], "records": s["records"]}
+                       for s in sources[d.name]],
+            "records": sum(r["records"] for r in rows), "docs": sum(r["docs"] for r in rows),
+            "tokens": sum(r["tokens"] for r in rows), "bad_records": bad.total, "bad": bad.to_json(),
+            "shards": rows,
+        })
+    blend_obj = blend.build([{"weight": d["weight"], "shards": [{**r, "prefix": os.path.join(out, r["prefix"])}
+                                                                for r in d["shards"]]} for d in datasets])
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "config_hash": config_hash(settings, tok),
+        "sample": settings.sample,
+        "tokenizer": tok.describe(),
+        "num_shards": settings.num_shards, "valid_shards": settings.valid_shards, "test_shards": settings.test_shards,
+        "blend": "blend.json",
+        "splits": {split: {"shards": len(blend_obj[split]) // 2,
+                           "tokens": sum(s["tokens"] for ds in datasets for s in ds["shards"]
+                                         if s["split"] == split and s["tokens"] > 0)} for split in blend.SPLITS},
+        "totals": {"records": sum(d["records"] for d in datasets), "docs": sum(d["docs"] for d in datasets),
+                   "tokens": sum(d["tokens"] for d in datasets), "bad_records": totals_bad.total,
+                   "bad": totals_bad.to_json()["counts"]},
+        "datasets": datasets,
+    }
+    shards.write_json(os.path.join(out, "blend.json"), blend_obj)
+    shards.write_json(os.path.join(out, "manifest.json"), manifest)
+    return manifest
+
+
+def summary(manifest: dict, written: int, reused: int, seconds: float, tokens_written: int) -> str:
+    rows = []
+    for d in manifest["datasets"]:
+        n = {s: sum(1 for r in d["shards"] if r["split"] == s) for s in blend.SPLITS}
+        rows.append([d["name"], len(d["inputs"]), f"{len(d['shards'])} ({n['train']}/{n['valid']}/{n['test']})",
+                     d["records"], d["docs"], d["tokens"], d["bad_records"]])
+    t = manifest["totals"]
+    rows.append(["total", sum(len(d["inputs"]) for d in manifest["datasets"]),
+                 str(sum(len(d["shards"]) for d in manifest["datasets"])), t["records"], t["docs"], t["tokens"],
+                 t["bad_records"]])
+    text = [progress.table(rows, ["dataset", "files", "shards (train/valid/test)", "records", "docs", "tokens",
+                                  "bad records"])]
+    for d in manifest["datasets"]:
+        for kind, places in d["bad"]["examples"].items():
+            text.append(f"bad records, {d['name']}, {kind}: {d['bad']['counts'][kind]:,}; first at "
+                        + "; ".join(places))
+    rate = tokens_written / seconds if seconds > 0 else 0
+    text.append(f"wall time {progress.duration(seconds)} ({seconds:.1f} s); shards written {written}, reused {reused}; "
+                f"{tokens_written:,} tokens written, {progress.si(rate)} tokens/s")
+    return "\n".join(text)
+
+
+def run(config_path: str) -> int:
+    started = time.time()
+    settings = parse_settings(load_config(config_path))
+    tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
+    files = resolve_files(settings)
+    out = settings.out
+    with Cluster(settings.object_store_mb) as cluster:
+        cache = {} if settings.force else read_plan_cache(out)
+        sources = scan_sources(settings, files, cache, cluster)
+        plan = make_plan(settings, sources, tok)
+        tasks = [t for name in plan for t in plan[name]]
+        # nothing has been written up to here; from here on, only under `out`
+        os.makedirs(out, exist_ok=True)
+        shards.write_json(os.path.join(out, "plan.json"), {
+            "format": shards.FORMAT,
+            "sources": [s for d in settings.datasets for s in sources[d.name]],
+            "shards": [{"dataset": t.dataset, "index": t.index, "records": t.records, "plan_hash": t.plan_hash,
+                        "pieces": [{"file": p.file, "start": p.start, "end": p.end} for p in t.pieces]}
+                       for t in tasks],
+        })
+        for name, ds_tasks in plan.items():
+            os.makedirs(os.path.join(out, name), exist_ok=True)
+            shards.clean_dataset_dir(os.path.join(out, name), len(ds_tasks))
+        receipts, todo = {}, []
+        for t in tasks:
+            r = None if settings.force else shards.read_receipt(t, settings.verify)
+            if r is None:
+                todo.append(t)
+            else:
+                receipts[t.key] = r
+        print(f"{PROG}: {len(settings.datasets)} dataset(s), {len(tasks)} shard(s) ({len(todo)} to write, "
+              f"{len(receipts)} done); tokenizer {tok.source} (vocab {tok.vocab_size:,}, EOD {tok.eod_token!r}="
+              f"{tok.eod_id}, {tok.dtype}); output {out}", flush=True)
+        tokens_written = 0
+        if todo:
+            for name in ("blend.json", "manifest.json"):  # stale until this run ends
+                if os.path.exists(os.path.join(out, name)):
+                    os.unlink(os.path.join(out, name))
+            for t in todo:
+                shards.invalidate(t)
+            written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo))
+            tokens_written = sum(r["tokens"] for r in written.values())
+            receipts.update(written)
+        cluster.stop()
+    manifest = write_outputs(settings, tok, files, sources, plan, receipts)
+    print(summary(manifest, len(todo), len(tasks) - len(todo), time.time() - started, tokens_written), flush=True)
+    print(f"wrote {os.path.join(out, 'blend.json')} and manifest.json", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.config)
+    except DataPrepError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except ClusterError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
 
 if __name__ == "__main__":
-    print("ultra3: the data prep pretrain runtime is not implemented in this version", flush=True)
-    sys.exit(4)
+    sys.exit(main())

@@ -1,11 +1,686 @@
-"""Runtime of the `data prep sft` stage, started by launch.py inside the job after the preflight.
+"""Runtime of `ultra3 data prep sft`: render SFT conversations through a chat template, mask everything but
+the assistant turns, pack them best-fit into fixed-size sequences and write Megatron-Bridge packed Parquet.
 
-Not built yet: the stage resolves, validates, dry-runs and submits, and its job stops here with a
-one-line message until the runtime lands.
+    python recipes/data_prep_sft.py --config config.yaml
+
+Started by recipes/launch.py inside the job (after the preflight) with the resolved config; it runs just as
+well by hand. Needs the `data` extra (ray, tokenizers, pyarrow, numpy, zstandard, huggingface_hub, jinja2)
+and PyYAML; never the launcher.
+
+Config keys (others, such as `run` and `job`, are ignored):
+
+    datasets:                # required, a list of
+      - name: chat           #   required, unique, [A-Za-z0-9._-]
+        path: /data/chat/*.jsonl.gz   # JSONL (plain/.gz/.zst) or Parquet file, directory, glob, or hf://org/name[/glob]
+        messages_field: messages      # default "messages": the list of {role, content} (system/user/assistant/tool)
+        weight: 1.0          #   default 1.0: times each train conversation is used (fractions sampled by content)
+        split: train         #   hf:// only: the split to read
+        subset: null         #   hf:// only: the dataset config
+        revision: null       #   hf:// only: branch, tag or commit
+    tokenizer: org/name      # required: tokenizer.json, a directory holding one, or a hub model id[@revision]
+    chat_template: nemotron3 # a shipped template (recipes/dataprep/templates/NAME.jinja) or a .jinja path
+    output_dir: /out         # required
+    pack_size: 4096          # required: tokens per pack (the training sequence length)
+    pad_seq_to_mult: 1       # pad every sequence's runtime length to a multiple (lcm(2*CP, CP*TP with SP))
+    truncate: true           # cut conversations longer than a pack (true) or drop them (false); both counted
+    valid_ratio: 0.01        # share of each dataset's conversations held out for validation
+    test_ratio: 0.01         # ... and for test
+    num_shards: 128          # train shards (at most one per pack); valid/test shards hold as many packs each
+    sample: null             # N: the first N records of each dataset, into output_dir/sample-N
+    force: false             # redo even if output_dir already holds this very output
+    strict: false            # a bad record stops the run (exit 2)
+    workers: null            # Ray tasks at a time (default: the cluster's CPUs)
+    seed: 1234               # the shuffle of packs (nothing else is random)
+    row_group_size: null     # packs per Parquet row group (default ~64 MiB of tokens, at most 1000)
+    hf_cache_dir: null       # where hf:// datasets and hub tokenizers are downloaded
+    progress_interval: 30    # seconds between progress lines
+
+Output (output_dir, or output_dir/sample-N):
+
+    train/shard_000000.parquet ...  one row per pack: input_ids list<int32>, loss_mask list<int8>,
+    valid/shard_000000.parquet ...  seq_start_id list<int32> (GPTSFTPackedParquetDataset; see
+    test/shard_000000.parquet  ...  recipes/dataprep/packed_parquet.py for the exact contract)
+    metadata.json                   counts, packing efficiency and factor, inputs, tokenizer, template, shards
+    packing_metadata.json           Megatron-Bridge's packed_metadata_path list ([train, valid])
+
+Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
+written: missing inputs, an unreadable tokenizer or template, an empty corpus, an output_dir holding
+something else), or a bad record under strict; 1 Ray could not be started or reached (one line), or
+anything else (with its traceback); 143 on SIGTERM.
 """
 
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
 import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from dataprep import chat, conversations, inputs, shards
+from dataprep import packed_parquet as pp
+from dataprep import sft_output as out_
+from dataprep import tokenizer as tokenization
+from dataprep.cluster import Cluster, ClusterError, where
+from dataprep.errors import BadRecordError, DataPrepError
+
+PROG = "ultra3 data prep sft"
+FORMAT = "ultra3-sft-packed-parquet/1"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+DATASET_KEYS = ("name", "path", "messages_field", "weight", "split", "subset", "revision")
+PART_RECORDS = (256, 20000)  # records per tokenize task: at least, at most
+PART_BYTES = 128 << 20  # input bytes per tokenize task, at most (JSONL files: see JSONL_SPLITS)
+JSONL_SPLITS = 8  # a JSONL file is read by at most this many tasks (each decompresses the file up to its start)
+STAGING = ".staging-"
+
+
+@dataclass
+class Dataset:
+    name: str
+    path: str
+    messages_field: str
+    weight: float
+    split: str
+    subset: str | None
+    revision: str | None
+
+
+@dataclass
+class Settings:
+    datasets: list
+    tokenizer: str
+    chat_template: str
+    output_dir: str
+    pack_size: int
+    pad_seq_to_mult: int
+    truncate: bool
+    valid_ratio: float
+    test_ratio: float
+    num_shards: int
+    sample: int | None
+    force: bool
+    strict: bool
+    workers: int | None
+    seed: int
+    row_group_size: int | None
+    hf_cache_dir: str | None
+    progress_interval: float
+
+    @property
+    def out(self) -> str:
+        return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
+
+
+# ---- config --------------------------------------------------------------------------------------------
+
+def _int(cfg: dict, key: str, default, low: int, allow_none: bool = False):
+    value = cfg.get(key, default)
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DataPrepError(f"{key} must be an integer >= {low}{' or null' if allow_none else ''}, not {value!r}")
+    return value
+
+
+def _bool(cfg: dict, key: str, default: bool) -> bool:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise DataPrepError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
+def _ratio(cfg: dict, key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise DataPrepError(f"{key} must be a number in [0, 1), not {value!r}")
+    return float(value)
+
+
+def _str(cfg: dict, key: str, default=None, required: bool = False) -> str | None:
+    value = cfg.get(key, default)
+    if value is None or value == "":
+        if required:
+            raise DataPrepError(f"{key} is not set")
+        return None
+    if not isinstance(value, str):
+        raise DataPrepError(f"{key} must be a string, not {value!r}")
+    return value
+
+
+def parse_settings(cfg: dict) -> Settings:
+    if not isinstance(cfg, dict):
+        raise DataPrepError("the config is not a mapping")
+    raw = cfg.get("datasets")
+    if not raw or not isinstance(raw, list):
+        raise DataPrepError("datasets is empty: list the conversation sets to pack ({name, path, weight})")
+    datasets, seen = [], set()
+    for i, d in enumerate(raw):
+        if not isinstance(d, dict):
+            raise DataPrepError(f"datasets[{i}] must be a mapping with name and path, not {d!r}")
+        unknown = set(d) - set(DATASET_KEYS)
+        if unknown:
+            raise DataPrepError(f"datasets[{i}] has unknown key(s) {', '.join(sorted(unknown))} (known: "
+                                f"{', '.join(DATASET_KEYS)})")
+        name = d.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise DataPrepError(f"datasets[{i}].name must be letters, digits, '.', '_' or '-', not {name!r}")
+        if name in seen:
+            raise DataPrepError(f"datasets[{i}].name {name!r} is used twice")
+        seen.add(name)
+        path = d.get("path")
+        if not isinstance(path, str) or not path:
+            raise DataPrepError(f"dataset {name}: path is not set")
+        weight = d.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise DataPrepError(f"dataset {name}: weight must be a number > 0, not {weight!r}")
+        for key in ("messages_field", "split", "subset", "revision"):
+            if d.get(key) is not None and not isinstance(d.get(key), str):
+                raise DataPrepError(f"dataset {name}: {key} must be a string, not {d.get(key)!r}")
+        datasets.append(Dataset(name, path, d.get("messages_field") or "messages", float(weight),
+                                d.get("split") or "train", d.get("subset"), d.get("revision")))
+    pack_size = cfg.get("pack_size")
+    if pack_size is None:
+        raise DataPrepError("pack_size is not set (tokens per pack: the training sequence length)")
+    pack_size = _int(cfg, "pack_size", None, 2)
+    mult = _int(cfg, "pad_seq_to_mult", 1, 1)
+    if pack_size % mult:
+        raise DataPrepError(f"pack_size {pack_size} is not a multiple of pad_seq_to_mult {mult}")
+    valid, test = _ratio(cfg, "valid_ratio", 0.01), _ratio(cfg, "test_ratio", 0.01)
+    if valid + test >= 1:
+        raise DataPrepError(f"valid_ratio + test_ratio = {valid + test} leaves nothing to train on")
+    interval = cfg.get("progress_interval", 30)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
+    seed = cfg.get("seed", 1234)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise DataPrepError(f"seed must be an integer >= 0, not {seed!r}")
+    return Settings(
+        datasets=datasets,
+        tokenizer=_str(cfg, "tokenizer", required=True),
+        chat_template=_str(cfg, "chat_template", "nemotron3") or "nemotron3",
+        output_dir=os.path.abspath(os.path.expanduser(_str(cfg, "output_dir", required=True))),
+        pack_size=pack_size,
+        pad_seq_to_mult=mult,
+        truncate=_bool(cfg, "truncate", True),
+        valid_ratio=valid,
+        test_ratio=test,
+        num_shards=_int(cfg, "num_shards", 128, 1),
+        sample=_int(cfg, "sample", None, 1, allow_none=True),
+        force=_bool(cfg, "force", False),
+        strict=_bool(cfg, "strict", False),
+        workers=_int(cfg, "workers", None, 1, allow_none=True),
+        seed=seed,
+        row_group_size=_int(cfg, "row_group_size", None, 1, allow_none=True),
+        hf_cache_dir=_str(cfg, "hf_cache_dir"),
+        progress_interval=float(interval),
+    )
+
+
+def load_config(path: str) -> dict:
+    try:
+        import yaml
+    except ImportError:
+        raise DataPrepError(f"PyYAML is not installed in this Python ({sys.executable})") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f) or {}
+    except OSError as e:
+        raise DataPrepError(f"config {path} is not readable ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise DataPrepError(f"config {path} is not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+# ---- inputs and plan -----------------------------------------------------------------------------------
+
+def resolve_files(settings: Settings) -> dict:
+    """{dataset name: ([(path, format)], hub provenance or None)}; local paths are checked before anything
+    is downloaded."""
+    found: dict = {}
+    for d in settings.datasets:
+        if d.path.startswith("hf://"):
+            continue
+        paths = inputs.expand(d.path)
+        if not paths:
+            raise DataPrepError(f"dataset {d.name}: {d.path} matches no input file")
+        found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], None)
+    for d in settings.datasets:
+        if d.path.startswith("hf://"):
+            from dataprep import hub
+
+            paths, provenance = hub.resolve_dataset(d.path, d.split, d.subset, d.revision, settings.hf_cache_dir)
+            found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], provenance)
+    return {d.name: found[d.name] for d in settings.datasets}
+
+
+def scan_sources(settings: Settings, files: dict) -> dict:
+    """{dataset name: [{path, format, fingerprint, records}]}, counting only as far as a sample reaches."""
+    result: dict = {}
+    for d in settings.datasets:
+        result[d.name], need = [], settings.sample
+        for path, fmt in files[d.name][0]:
+            if need == 0:
+                break
+            entry = inputs.scan(path, fmt, d.messages_field, None, need)
+            result[d.name].append(entry)
+            need = None if need is None else need - entry["records"]
+        if not sum(s["records"] for s in result[d.name]):
+            raise DataPrepError(f"empty corpus: dataset {d.name} has no records ({d.path})")
+    return result
+
+
+def plan_partitions(settings: Settings, sources: dict, workers: int) -> list:
+    """Contiguous record ranges of each dataset, in input order. The output does not depend on them (only
+    on the global order of the records), so their size may follow the worker count."""
+    total = sum(s["records"] for srcs in sources.values() for s in srcs)
+    size = min(max(-(-total // (4 * workers)), PART_RECORDS[0]), PART_RECORDS[1])
+    parts: list = []
+    for d in settings.datasets:
+        for s in sources[d.name]:
+            n = s["records"]
+            k = max(1, -(-n // size), -(-s["fingerprint"]["bytes"] // PART_BYTES))
+            if s["format"] != inputs.PARQUET:
+                k = min(k, JSONL_SPLITS)
+            k = min(k, n)
+            for i in range(k):
+                lo, hi = i * n // k, (i + 1) * n // k
+                if hi > lo:
+                    part = conversations.Partition(len(parts), d.name, d.messages_field, records=hi - lo)
+                    part.pieces.append(conversations.Piece(s["path"], s["format"], lo, hi))
+                    parts.append(part)
+    return parts
+
+
+def fingerprint(settings: Settings, sources: dict, tok: tokenization.TokenizerInfo, template_sha: str) -> str:
+    keep = ("datasets", "tokenizer", "chat_template", "output_dir", "force", "strict", "workers", "hf_cache_dir",
+            "progress_interval")
+    return hashlib.sha256(json.dumps({
+        "format": FORMAT,
+        "datasets": [{**asdict(d), "inputs": [{"path": s["path"], **s["fingerprint"], "records": s["records"]}
+                                              for s in sources[d.name]]} for d in settings.datasets],
+        "tokenizer_sha256": tok.sha256, "pad_id": tok.eod_id, "template_sha256": template_sha,
+        **{k: v for k, v in asdict(settings).items() if k not in keep},
+    }, sort_keys=True).encode()).hexdigest()
+
+
+# ---- Ray -----------------------------------------------------------------------------------------------
+
+def run_ordered(ray, remote, args: list, workers: int, interval: float, label: str, unit) -> list:
+    """Run remote(*a) for each a in `args`, at most `workers` at a time; results in argument order. A
+    failure is reported once every earlier task has finished, so the error is the first in input order."""
+    results: list = [None] * len(args)
+    failures: dict = {}
+    inflight: dict = {}
+    nxt, done, last = 0, 0, time.time()
+    try:
+        while (nxt < len(args) and not failures) or inflight:
+            while nxt < len(args) and not failures and len(inflight) < workers:
+                inflight[remote.remote(*args[nxt])] = nxt
+                nxt += 1
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+            for ref in ready:
+                i = inflight.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                    done += 1
+                except Exception as e:  # a RayTaskError; a config/input problem is its cause
+                    cause = getattr(e, "cause", None) or e
+                    if not isinstance(cause, DataPrepError):
+                        raise
+                    failures[i] = cause
+            if time.time() - last >= interval:
+                last = time.time()
+                print(f"{label}: {done}/{len(args)} done, {unit(results)}", flush=True)
+    finally:
+        for ref in inflight:
+            ray.cancel(ref, force=True)
+    if failures:
+        first = failures[min(failures)]
+        raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
+    return results
+
+
+# ---- the run -------------------------------------------------------------------------------------------
+
+def gather(settings: Settings, parts: list, results: list):
+    """The corpus (good conversations in input order), per-dataset counts and the bad records."""
+    import numpy as np
+
+    index = {d.name: i for i, d in enumerate(settings.datasets)}
+    cols: dict = {k: [] for k in ("dataset", "part", "offset", "length", "first_loss", "loss_tokens", "key")}
+    bad_total = inputs.BadRecords()
+    per_dataset = {d.name: {"records": 0, "conversations": 0, "bad": inputs.BadRecords()} for d in settings.datasets}
+    for part, r in zip(parts, results):
+        n = len(r["lengths"])
+        cols["dataset"].append(np.full(n, index[part.dataset], dtype=np.int64))
+        cols["part"].append(np.full(n, part.index, dtype=np.int64))
+        cols["offset"].append(np.concatenate(([0], np.cumsum(r["lengths"])[:-1])).astype(np.int64) if n else
+                              np.zeros(0, np.int64))
+        cols["length"].append(r["lengths"])
+        cols["first_loss"].append(r["first_loss"])
+        cols["loss_tokens"].append(r["loss_tokens"])
+        cols["key"].append(r["keys"])
+        stats = per_dataset[part.dataset]
+        stats["records"] += part.records
+        stats["conversations"] += n
+        stats["bad"].merge(r["bad"]["counts"], r["bad"]["examples"])
+        bad_total.merge(r["bad"]["counts"], r["bad"]["examples"])
+    corpus = out_.Corpus(**{k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in cols.items()})
+    corpus.key = corpus.key.astype(np.uint64)
+    return corpus, per_dataset, bad_total
+
+
+def prepare_output(settings: Settings, fp: str) -> bool:
+    """False when output_dir already holds this very output (and not `force`); a DataPrepError when it holds
+    something that is not an SFT data-prep output. An output of other inputs or settings is rebuilt."""
+    out = settings.out
+    meta = os.path.join(out, "metadata.json")
+    if os.path.exists(meta):
+        try:
+            with open(meta, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict) or old.get("format") != FORMAT:
+            raise DataPrepError(f"{meta} is not the metadata of an SFT data-prep output; choose another output_dir")
+        if old.get("fingerprint") == fp and not settings.force:
+            return False
+        if old.get("fingerprint") != fp:
+            print(f"{PROG}: {out} was prepared from other inputs or settings: rebuilding it", flush=True)
+    elif os.path.isdir(out) and not settings.force:
+        leftovers = [n for n in os.listdir(out) if n in out_.SPLITS or n == "packing_metadata.json"]
+        if leftovers:
+            raise DataPrepError(f"{out} holds an unfinished or foreign SFT output ({', '.join(sorted(leftovers))} "
+                                "without metadata.json); set force=true to replace it")
+    return True
+
+
+def publish(settings: Settings, staging: str, metadata: dict, mb_metadata: list) -> None:
+    """Move the finished splits from staging into place; metadata.json, the completion mark, goes last."""
+    out = settings.out
+    meta = os.path.join(out, "metadata.json")
+    if os.path.exists(meta):
+        os.unlink(meta)
+        shards.fsync_dir(out)
+    for name in (*out_.SPLITS, "packing_metadata.json"):
+        target = os.path.join(out, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.unlink(target)
+    for split in out_.SPLITS:
+        src = os.path.join(staging, split)
+        if os.path.isdir(src):
+            os.replace(src, os.path.join(out, split))
+    shards.write_json(os.path.join(out, "packing_metadata.json"), mb_metadata)
+    shards.write_json(meta, metadata)
+
+
+def split_stats(plan: out_.SplitPlan, corpus: out_.Corpus, pack_size: int, shard_rows: list) -> dict:
+    import numpy as np
+
+    if not plan.packs:
+        return {"packs": 0, "sequences": 0, "shards": []}
+    per_pack = np.add.reduceat(plan.padded - 1, plan.row_offsets[:-1])
+    real = int((plan.stored - 1).sum())
+    seqs_per_pack = np.diff(plan.row_offsets)
+    return {
+        "packs": plan.packs,
+        "sequences": len(plan.seq),
+        "conversations": len(np.unique(plan.seq)),
+        "tokens": int(plan.stored.sum()),
+        "padding_tokens": int((plan.padded - plan.stored).sum()),
+        "loss_tokens": int(sum(r["loss_tokens"] for r in shard_rows)),
+        "packing_efficiency": round(float(per_pack.sum()) / (plan.packs * pack_size), 6),
+        "token_efficiency": round(real / (plan.packs * pack_size), 6),
+        "packing_factor": round(len(plan.seq) / plan.packs, 4),
+        "max_sequences_per_pack": int(seqs_per_pack.max()),
+        "min_pack_tokens": int(per_pack.min()),
+        "max_sequence_tokens": int((plan.padded - 1).max()),
+        "shards": shard_rows,
+    }
+
+
+def run(config_path: str) -> int:
+    import numpy as np
+
+    started = time.time()
+    settings = parse_settings(load_config(config_path))
+    tok, tok_json = tokenization.load(settings.tokenizer, None, settings.hf_cache_dir)
+    try:
+        template_file = chat.template_path(settings.chat_template, os.getcwd())
+        template = chat.ChatTemplate.load(template_file)
+    except chat.TemplateError as e:
+        raise DataPrepError(str(e)) from None
+    with open(template_file, encoding="utf-8") as f:
+        template_source = f.read()
+    template_sha = hashlib.sha256(template_source.encode()).hexdigest()
+    files = resolve_files(settings)
+    sources = scan_sources(settings, files)
+    fp = fingerprint(settings, sources, tok, template_sha)
+    out = settings.out
+    if not prepare_output(settings, fp):
+        print(f"{PROG}: {out} is up to date (same inputs and settings); force=true redoes it", flush=True)
+        return 0
+    markup = _markup_warning(tok_json)
+    if markup:
+        print(f"{PROG}: warning: {markup}", flush=True)
+
+    with Cluster() as cluster:
+        ray = cluster.start()
+        workers = settings.workers or cluster.cpus
+        parts = plan_partitions(settings, sources, workers)
+        records = sum(p.records for p in parts)
+        print(f"{PROG}: {len(settings.datasets)} dataset(s), {records:,} records in {len(parts)} partition(s); "
+              f"{where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
+              f"(vocab {tok.vocab_size:,}, pad {tok.eod_token!r}={tok.eod_id}); template {template.name}; "
+              f"pack {settings.pack_size:,}, pad_seq_to_mult {settings.pad_seq_to_mult}; output {out}", flush=True)
+        created = _missing_dirs(out)
+        os.makedirs(out, exist_ok=True)
+        for name in os.listdir(out):  # leftovers of interrupted runs
+            if name.startswith(STAGING):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        staging = os.path.join(out, f"{STAGING}{uuid.uuid4().hex[:12]}")
+        os.makedirs(os.path.join(staging, "parts"))
+        try:
+            tok_ref, tpl_ref = ray.put(tok_json), ray.put(template_source)
+            remote = ray.remote(num_cpus=1, max_retries=2)(conversations.tokenize_partition)
+            results = run_ordered(
+                ray, remote, [(p, os.path.join(staging, "parts"), tok_ref, tpl_ref, template.name, settings.strict)
+                              for p in parts], workers, settings.progress_interval, "tokenize",
+                lambda rs: f"{sum(len(r['lengths']) for r in rs if r):,} conversations, "
+                           f"{sum(int(r['lengths'].sum()) for r in rs if r):,} tokens")
+            corpus, per_dataset, bad = gather(settings, parts, results)
+            if not len(corpus):
+                raise DataPrepError(f"empty corpus: none of the {records:,} records is a usable conversation "
+                                    f"({bad.total:,} bad: {', '.join(f'{k} {v}' for k, v in bad.counts.items())})")
+            split = out_.assign_splits(corpus, len(settings.datasets), settings.valid_ratio, settings.test_ratio)
+            copies = out_.repeats(corpus, split, [d.weight for d in settings.datasets])
+            lim = out_.limit(corpus, settings.pack_size, settings.pad_seq_to_mult, settings.truncate)
+            copies = np.where(lim.keep, copies, 0)
+            part_paths = {r["index"]: r["paths"] for r in results}
+            row_group = settings.row_group_size or pp.default_row_group_size(settings.pack_size)
+            writer = ray.remote(num_cpus=1, max_retries=2)(out_.write_shard)
+            stats, rows_per_shard = {}, None
+            t_pack = 0.0
+            for s, name in enumerate(out_.SPLITS):
+                idx = np.flatnonzero(split == s)
+                members = np.repeat(idx, copies[idx])
+                t0 = time.time()
+                plan = out_.plan_split(name, members, lim.stored, settings.pack_size, settings.pad_seq_to_mult,
+                                       settings.seed, settings.num_shards if s == 0 else None,
+                                       rows_per_shard if s else None)
+                t_pack += time.time() - t0
+                if s == 0 and plan.packs:
+                    rows_per_shard = -(-plan.packs // plan.shards)
+                shard_args = []
+                if plan.packs:
+                    os.makedirs(os.path.join(staging, name))
+                for k in range(plan.shards if plan.packs else 0):
+                    r0, r1 = plan.shard_rows[k], plan.shard_rows[k + 1]
+                    s0, s1 = plan.row_offsets[r0], plan.row_offsets[r1]
+                    seq = plan.seq[s0:s1]
+                    shard_args.append((os.path.join(staging, name, out_.SHARD_NAME.format(k)), corpus.part[seq],
+                                       corpus.offset[seq], plan.stored[s0:s1], plan.padded[s0:s1],
+                                       plan.row_offsets[r0:r1 + 1] - s0, part_paths, tok.eod_id, row_group))
+                rows = run_ordered(ray, writer, shard_args, workers, settings.progress_interval, f"write {name}",
+                                   lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs") if shard_args else []
+                stats[name] = split_stats(plan, corpus, settings.pack_size, rows)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            for path in created:  # leave no trace: remove the directories this run made (if still empty)
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    break
+            raise
+        cluster.stop()
+
+    totals = {
+        "records": records,
+        "conversations": len(corpus),
+        "bad_records": bad.total,
+        "truncated": int(lim.truncated.sum()),
+        "dropped_too_long": int(lim.dropped_too_long.sum()),
+        "dropped_no_loss": int(lim.dropped_no_loss.sum()),
+        "sequences": sum(st["sequences"] for st in stats.values()),
+        "packs": sum(st["packs"] for st in stats.values()),
+        "tokens": sum(st.get("tokens", 0) for st in stats.values()),
+        "loss_tokens": sum(st.get("loss_tokens", 0) for st in stats.values()),
+    }
+    capacity = totals["packs"] * settings.pack_size
+    totals["packing_efficiency"] = round(sum(float(st["packing_efficiency"]) * st["packs"] for st in stats.values()
+                                             if st["packs"]) / max(totals["packs"], 1), 6)
+    totals["token_efficiency"] = round((totals["tokens"] - totals["sequences"]) / capacity, 6) if capacity else 0.0
+    totals["packing_factor"] = round(totals["sequences"] / totals["packs"], 4) if totals["packs"] else 0.0
+    index = {d.name: i for i, d in enumerate(settings.datasets)}
+    datasets = []
+    for d in settings.datasets:
+        mine = corpus.dataset == index[d.name]
+        pd = per_dataset[d.name]
+        datasets.append({
+            "name": d.name, "path": d.path, "messages_field": d.messages_field, "weight": d.weight,
+            **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
+            "inputs": [{"path": s["path"], "format": s["format"], **s["fingerprint"], "records": s["records"]}
+                       for s in sources[d.name]],
+            "records": pd["records"], "conversations": pd["conversations"], "bad_records": pd["bad"].total,
+            "bad": pd["bad"].to_json(),
+            "train": int((mine & (split == 0)).sum()), "valid": int((mine & (split == 1)).sum()),
+            "test": int((mine & (split == 2)).sum()),
+            "train_sequences": int(copies[mine & (split == 0)].sum()),
+            "truncated": int(lim.truncated[mine].sum()), "dropped_too_long": int(lim.dropped_too_long[mine].sum()),
+            "dropped_no_loss": int(lim.dropped_no_loss[mine].sum()),
+        })
+    metadata = {
+        "format": FORMAT,
+        "fingerprint": fp,
+        "megatron_bridge": {"dataset": "GPTSFTPackedParquetDataset", "columns": list(pp.COLUMNS),
+                            "loss_mask": "label-aligned (loss_mask[t] weighs predicting input_ids[t+1])",
+                            "pack_size_counts": "runtime tokens: sum(len(sequence) - 1) <= pack_size"},
+        "sample": settings.sample,
+        "pack_size": settings.pack_size,
+        "pad_seq_to_mult": settings.pad_seq_to_mult,
+        "truncate": settings.truncate,
+        "valid_ratio": settings.valid_ratio,
+        "test_ratio": settings.test_ratio,
+        "seed": settings.seed,
+        "row_group_size": row_group,
+        "algorithm": "best_fit_decreasing",
+        "tokenizer": {**tok.describe(), "pad_token": tok.eod_token, "pad_id": tok.eod_id},
+        "chat_template": {"name": settings.chat_template, "file": os.path.basename(template_file),
+                          "sha256": template_sha},
+        "totals": totals,
+        "splits": stats,
+        "bad_records": bad.to_json(),
+        "datasets": datasets,
+    }
+    mb_metadata = [{"dataset_max_seqlen": stats[s].get("max_sequence_tokens", 0),
+                    "max_samples_per_bin": stats[s].get("max_sequences_per_pack", 0),
+                    "min_packed_seqlen": stats[s].get("min_pack_tokens", 0),
+                    "packing_factor": stats[s].get("packing_factor", 0),
+                    "packing_efficiency": round(100 * stats[s].get("packing_efficiency", 0), 2),
+                    "pack_size": settings.pack_size} for s in ("train", "valid") if stats[s]["packs"]]
+    try:
+        publish(settings, staging, metadata, mb_metadata)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(summary(metadata, out, time.time() - started, t_pack), flush=True)
+    return 0
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """`path` and its missing parents, deepest first."""
+    missing = []
+    while path and not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _markup_warning(tok_json: str) -> str | None:
+    """The chat markup should be single special tokens; a base tokenizer without them still works (the
+    markup is tokenized as text) but is almost certainly the wrong tokenizer for SFT."""
+    try:
+        added = {t.get("content") for t in json.loads(tok_json).get("added_tokens") or []}
+    except (ValueError, AttributeError):
+        return None
+    missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in added]
+    if missing:
+        return (f"the tokenizer has no special token {' or '.join(missing)}: the chat markup is tokenized as plain "
+                "text (fine for a smoke test, wrong for a real SFT run)")
+    return None
+
+
+def summary(m: dict, out: str, seconds: float, packing_seconds: float) -> str:
+    t = m["totals"]
+    lines = [(f"{PROG}: {t['records']:,} records -> {t['conversations']:,} conversations ({t['bad_records']:,} bad), "
+              f"{t['truncated']:,} truncated, {t['dropped_too_long']:,} dropped as too long, "
+              f"{t['dropped_no_loss']:,} dropped with no trained token left")]
+    for name, st in m["splits"].items():
+        if st["packs"]:
+            lines.append(f"  {name:<5} {st['packs']:>9,} packs in {len(st['shards'])} shard(s), "
+                         f"{st['sequences']:,} sequences, {st['tokens']:,} tokens ({st['loss_tokens']:,} trained); "
+                         f"packing efficiency {100 * st['packing_efficiency']:.2f}%, "
+                         f"{st['packing_factor']:.2f} sequences/pack")
+        else:
+            lines.append(f"  {name:<5} (empty)")
+    for kind, places in m["bad_records"]["examples"].items():
+        lines.append(f"  bad records, {kind}: {m['bad_records']['counts'][kind]:,}; first at " + "; ".join(places))
+    lines.append(f"  wall time {seconds:.1f} s (packing {packing_seconds:.2f} s); "
+                 f"wrote {os.path.join(out, 'metadata.json')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.config)
+    except DataPrepError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except ClusterError as e:  # Ray could not be started or reached: one line, not a traceback
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
 
 if __name__ == "__main__":
-    print("ultra3: the data prep sft runtime is not implemented in this version", flush=True)
-    sys.exit(4)
+    sys.exit(main())

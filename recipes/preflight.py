@@ -6,6 +6,7 @@ job prints them on one line starting with PREFLIGHT FAILED and exits, and the la
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import os
@@ -97,10 +98,43 @@ def _blend_problems(path: str) -> list[str]:
     return [f"{len(missing)} data file(s) of {path} unreadable, e.g. {missing[0]}"] if missing else []
 
 
+def data_prep_packages(cfg: dict) -> str | None:
+    missing = [f"{m} ({err})" for m in ("ray", "tokenizers", "pyarrow", "numpy") if (err := _importable(m))]
+    if missing:
+        return f"not importable: {', '.join(missing)}; install the launcher's `data` extra in the job's Python"
+    return None
+
+
+def data_prep_inputs(cfg: dict) -> str | None:
+    """Local inputs and tokenizer readable (hf:// and hub names are fetched by the runtime), output writable."""
+    problems = []
+    for ds in cfg.get("datasets") or []:
+        path = str(ds.get("path") or "")
+        if path and not path.startswith("hf://") and not glob.glob(os.path.expanduser(path)):
+            problems.append(f"dataset {ds.get('name')}: {path} matches no readable file")
+    tokenizer = str(cfg.get("tokenizer") or "")
+    if (tokenizer.endswith(".json") or tokenizer.startswith(("/", "~", "."))) and \
+            not os.access(os.path.expanduser(tokenizer), os.R_OK):
+        problems.append(f"tokenizer {tokenizer} is not readable")
+    out = os.path.expanduser(str(cfg.get("output_dir") or ""))
+    parent = next((p for p in (out, *_parents(out)) if os.path.exists(p)), None)
+    if out and (parent is None or not os.access(parent, os.W_OK)):
+        problems.append(f"output_dir {out} is not writable")
+    return "; ".join(problems) or None
+
+
+def _parents(path: str) -> list[str]:
+    parents = []
+    while path not in ("", "/") and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        parents.append(path)
+    return parents
+
+
 CHECKS = {
     "torchrun": (python_version, training_packages, gpus, data_paths),
     "process": (python_version, data_paths),
-    "ray": (python_version,),
+    "ray": (python_version, data_prep_packages, data_prep_inputs),
 }
 
 

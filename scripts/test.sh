@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
+.venv/bin/pip install --quiet 'torch==2.13.0'  # the CPU wheel; Megatron-Core's reader needs torch
 .venv/bin/pip install --quiet -e '.[test]'
 
 if [ "$(id -u)" = 0 ]; then

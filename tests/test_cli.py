@@ -212,6 +212,6 @@ def test_override_values_are_typed(cli):
 
 def test_data_prep_dry_run_shows_the_tokenizer(cli):
     # `tokenizer` contains TOKEN but is a model name, not a secret: shown, not masked
-    r = ok(cli("data", "prep", "sft", "-c", "tiny", "--batch", "ci", "-d"))
+    r = ok(cli("data", "prep", "sft", "--batch", "ci", "-d"))
     assert compiled(r.out)["tokenizer"] == "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"
     assert "#SBATCH --account=ultra3" in section(r.out, "sbatch script")

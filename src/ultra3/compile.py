@@ -89,7 +89,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
     _job_shape(stage, executor, flat, origin, report)
     flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": stage.recipe,
-                 "job.dir": JOB_DIR_PLACEHOLDER})
+                 "job.executor": executor, "job.dir": JOB_DIR_PLACEHOLDER})
     tree = unflatten(flat)
 
     # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
@@ -145,6 +145,14 @@ def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: d
         if nodes > 1:
             report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "
                                       "with --run/--batch PROFILE, or set run.nodes=1 (as -c tiny does)")
+        return
+    if executor == "ray":
+        if stage.launch != "ray":
+            report.error("job.executor", f"the ray executor runs Ray stages (data prep); submit `{stage.name}` "
+                                         "with a slurm profile or on this machine")
+        if not run.get("address"):
+            report.error("run.address", f"the ray executor needs the cluster's Jobs API address (e.g. "
+                                        f"http://head:8265); set address in {_profile_at(profile)}")
         return
     if not run.get("account"):
         report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)} "

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 import yaml
 
 from .compile import JOB_DIR_PLACEHOLDER, Job, changed_keys
-from .launch.plan import local_command, slurm_spec
+from .launch.plan import job_command, local_command, slurm_spec, task_name
 from .launch.sbatch import render_sbatch
 from .profiles import SECRET_NAME
 
@@ -66,6 +66,10 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
         spec = slurm_spec(job, job_dir=JOB_DIR_PLACEHOLDER)
         _section(out, "sbatch script (as NeMo-Run submits it)")
         out.write(render_sbatch(spec) + "\n")
+    elif job.executor == "ray":
+        _section(out, f"Ray job (Jobs API at {run['address']})")
+        out.write(f"entrypoint:  {' '.join(job_command())}\nworking_dir: {JOB_DIR_PLACEHOLDER}/{task_name(job)}/code\n"
+                  f"env_vars:    {_inline(mask(run.get('env') or {}))}\n")
     else:
         _section(out, "local command")
         out.write(" ".join(local_command(job)) + "\n")

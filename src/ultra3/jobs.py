@@ -34,6 +34,7 @@ class JobRecord:
     slurm_id: str | None = None
     pid: int | None = None  # local runs
     ssh: dict | None = None  # host, user, port, identity for SSH submissions
+    ray_address: str | None = None  # the Ray cluster of an `executor = "ray"` job
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -118,6 +119,8 @@ def states(records: list[JobRecord]) -> dict[str, State]:
     for r in records:
         if r.executor == "local":
             result[r.id] = _local_state(r)
+        elif r.executor == "ray":
+            result[r.id] = _ray_state(r)
         elif r.slurm_id:
             by_host.setdefault(json.dumps(r.ssh, sort_keys=True), []).append(r)
     for group in by_host.values():
@@ -179,6 +182,26 @@ def _local_state(record: JobRecord) -> State:
     return State("UNKNOWN", None, "the process is gone and left no exit code", "")
 
 
+RAY_STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", "FAILED": "FAILED",
+              "STOPPED": "CANCELLED"}
+
+
+def _ray_state(record: JobRecord) -> State:
+    from .launch.ray_jobs import client
+
+    try:
+        info = client(record.ray_address).get_job_info(record.id)
+    except ClusterError as e:
+        return State("UNKNOWN", None, str(e), "")
+    except Exception as e:  # the cluster no longer knows the job
+        return State("UNKNOWN", None, str(e).splitlines()[0], "")
+    st = State(RAY_STATES.get(str(info.status).split(".")[-1], "UNKNOWN"), None, "", "ray")
+    if st.done:
+        st.exit_code = 0 if st.state == "COMPLETED" else getattr(info, "driver_exit_code", None)
+        st.reason = failure_reason(record) if st.state == "FAILED" else ""
+    return st
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -190,6 +213,13 @@ def _alive(pid: int) -> bool:
 # -- logs ----------------------------------------------------------------------------------------
 
 def log_text(record: JobRecord) -> str:
+    if record.executor == "ray":
+        from .launch.ray_jobs import client
+
+        try:
+            return client(record.ray_address).get_job_logs(record.id)
+        except Exception:  # unreachable cluster or forgotten job: no log to show
+            return ""
     return shell(record, f"cat {shlex.quote(record.job_dir)}/{record.log_glob} 2>/dev/null").stdout
 
 
@@ -222,6 +252,11 @@ def follow(record: JobRecord, out, poll: float = 1.0) -> State:
 
 
 def cancel(record: JobRecord) -> None:
+    if record.executor == "ray":
+        from .launch.ray_jobs import client
+
+        client(record.ray_address).stop_job(record.id)
+        return
     if record.executor == "local":
         if record.pid and _alive(record.pid):
             os.killpg(record.pid, signal.SIGTERM)

@@ -43,7 +43,7 @@ def show_status(ref: str) -> None:
         print(f"slurm id:  {r.slurm_id}")
     host = f" on {r.ssh['host']}" if r.ssh else ""
     print(f"job dir:   {r.job_dir}{host}")
-    print(f"log:       {r.job_dir}/{r.log_glob}")
+    print(f"log:       {'the Ray Jobs API (nemotron jobs logs)' if r.ray_address else f'{r.job_dir}/{r.log_glob}'}")
 
 
 def show_logs(ref: str, follow: bool) -> None:

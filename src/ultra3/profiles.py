@@ -87,7 +87,8 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
     executor = values.pop("executor", None)
     if executor not in EXECUTORS:
         got = f"'{executor}'" if executor else "none"
-        raise UserError(f"{path} [{name}]: executor is {got}; set executor = \"slurm\" or \"local\"")
+        choices = " or ".join(f'"{e}"' for e in EXECUTORS)
+        raise UserError(f"{path} [{name}]: executor is {got}; set executor = {choices}")
     report = Report()
     check_run_keys(values, executor, report, {}, extra=CLUSTER)
     for var in values.get("env") or {}:

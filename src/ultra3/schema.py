@@ -20,7 +20,7 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "nodes": (int, ("local", "slurm")),
     "gpus_per_node": (int, ("local", "slurm")),
     "cpus_per_task": (int, ("slurm",)),
-    "env": (dict, ("local", "slurm")),
+    "env": (dict, ("local", "slurm", "ray")),
     "setup": (list[str], ("local", "slurm")),
     "time": (str, ("slurm",)),
     "container_image": (str, ("slurm",)),
@@ -38,8 +38,9 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "port": (int, ("slurm",)),
     "identity": (str, ("slurm",)),
     "job_dir": (str, ("slurm",)),
+    "address": (str, ("ray",)),  # an existing Ray cluster's dashboard (Jobs API), e.g. http://head:8265
 }
-EXECUTORS = ("local", "slurm")
+EXECUTORS = ("local", "slurm", "ray")
 
 # What the machines are, as a profile describes them (the `cluster` section): validation checks the
 # job's shape (run.nodes x run.gpus_per_node) against it.
@@ -172,22 +173,46 @@ TRAINING: Schema = {
     "dist": {"distributed_timeout_minutes": int, "use_megatron_fsdp": bool},
 }
 
-DATA_PREP: Schema = {
+# One dataset of a data-prep blend: a local JSONL (.gz/.zst), Parquet, a glob of those, or hf://org/name.
+_DATASET: Schema = {"name": str, "path": str, "weight": float, "split": str, "subset": str}
+
+_DATA_PREP: Schema = {
     "run": None,
-    "inputs": list,  # datasets of the blend; their schema arrives with the data-prep runtime
-    "tokenizer": str,
-    "text_field": str,
+    "tokenizer": str,  # a Hugging Face tokenizer name or a local path
     "output_dir": str,
     "num_shards": int,
-    "pack_size": int,
-    "sample": int,
+    "sample": int,  # process only the first N documents, into <output_dir>/sample-N
     "force": bool,
+    "strict": bool,  # bad records are errors instead of counted and skipped
+    "workers": int,  # Ray tasks at a time (default: all CPUs)
+    "hf_cache_dir": str,  # where hf:// datasets are downloaded first (shared storage)
+}
+
+DATA_PREP_PRETRAIN: Schema = {
+    **_DATA_PREP,
+    "datasets": [{**_DATASET, "text_field": str}],
+    "valid_shards": int,
+    "test_shards": int,
+    "eod_token": str,
+}
+
+DATA_PREP_SFT: Schema = {
+    **_DATA_PREP,
+    "datasets": [{**_DATASET, "messages_field": str}],
+    "chat_template": str,  # a shipped template name (nemotron3) or a .jinja path
+    "pack_size": int,
+    "pad_seq_to_mult": int,
+    "truncate": bool,
+    "valid_ratio": float,
+    "test_ratio": float,
 }
 
 
 def type_name(t: Any) -> str:
     if isinstance(t, dict):
         return "a table"
+    if isinstance(t, list):
+        return "a list of tables"
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
             dict: "a table of strings", list: "a list"}.get(t, f"a {t}".replace("list[", "list of ").rstrip("]"))
 
@@ -233,11 +258,18 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
                 check(value, t, report, origin, f"{path}.")
             else:  # a null section would silently drop every default in it
                 report.error(path, f"must be a table of keys, got {value!r}{where}")
+        elif isinstance(t, list):  # a list of tables, each checked against t[0]
+            if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+                report.error(path, f"must be a list of tables, got {value!r}{where}")
+                continue
+            for i, item in enumerate(value):
+                check(item, t[0], report, origin, f"{path}[{i}].")
         elif not matches(value, t):
             report.error(path, f"must be {type_name(t)}, got {value!r}{where}")
 
 
 def _where(path: str, origin: dict[str, str]) -> str:
+    path = path.split("[", 1)[0]  # a list item came from where its list was set
     # a table's own key has no origin; the first of its leaves tells where it came from
     src = origin.get(path) or next((v for k, v in origin.items() if k.startswith(path + ".")), None)
     return f" (set in {src})" if src else ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from .schema import DATA_PREP, TRAINING
+from .schema import DATA_PREP_PRETRAIN, DATA_PREP_SFT, TRAINING
 
 Launch = Literal["torchrun", "ray", "process"]
 
@@ -59,12 +59,14 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         ("data", "prep", "pretrain"), "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
-        "data_prep/pretrain", "data_prep_pretrain.py", "ray", DATA_PREP,
+        "data_prep/pretrain", "data_prep_pretrain.py", "ray", DATA_PREP_PRETRAIN,
+        "ultra3.validation.data_prep.validate_data_prep",
         examples=("ultra3 data prep pretrain -c tiny --dry-run", "ultra3 data prep pretrain --batch mycluster"),
     ),
     Stage(
         ("data", "prep", "sft"), "Render, mask and pack SFT conversations into Parquet on Ray.",
-        "data_prep/sft", "data_prep_sft.py", "ray", DATA_PREP,
+        "data_prep/sft", "data_prep_sft.py", "ray", DATA_PREP_SFT,
+        "ultra3.validation.data_prep.validate_data_prep",
         examples=("ultra3 data prep sft -c tiny --dry-run", "ultra3 data prep sft --batch mycluster"),
     ),
 )

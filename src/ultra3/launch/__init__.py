@@ -18,13 +18,16 @@ def launch(job: Job) -> None:
     job_id = new_job_id(job)
     if job.executor == "slurm":
         from .slurm import submit
+    elif job.executor == "ray":
+        from .ray_jobs import submit
     else:
         from .local import submit
     record = submit(job, job_id)
     record.submitted = time.time()
     record.argv = sys.argv
     jobs.save(record)
-    where = f"Slurm job {record.slurm_id}" if record.slurm_id else f"pid {record.pid}"
+    where = (f"Slurm job {record.slurm_id}" if record.slurm_id else f"Ray job on {record.ray_address}"
+             if record.ray_address else f"pid {record.pid}")
     print(f"submitted {record.id} ({where})\njob dir: {record.job_dir}", flush=True)
     if job.mode == "detached":
         _next_commands(record)

@@ -33,10 +33,11 @@ def write_code_dir(job: Job, job_id: str, job_dir: str, code_dir: Path) -> dict:
     """Fill `code_dir` (the job's working directory); returns the manifest."""
     config = job.with_job({"id": job_id, "dir": job_dir})
     text = yaml.safe_dump(config, sort_keys=False)
-    (code_dir / "recipes").mkdir(parents=True, exist_ok=True)
+    code_dir.mkdir(parents=True, exist_ok=True)
     (code_dir / CONFIG_FILE).write_text(text)
-    for recipe in RECIPES_DIR.glob("*.py"):
-        shutil.copy2(recipe, code_dir / "recipes" / recipe.name)
+    # the runtimes with their modules, templates and the tiny samples
+    shutil.copytree(RECIPES_DIR, code_dir / "recipes", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                    dirs_exist_ok=True)
     manifest = {
         "job_id": job_id,
         "stage": job.stage.name,

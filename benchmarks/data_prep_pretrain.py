@@ -1,0 +1,241 @@
+"""Throughput of `data prep pretrain` on a generated corpus, beside the raw rate of its tokenizer.
+
+    python benchmarks/data_prep_pretrain.py [--size-mb 200] [--workers 1 2] [--dir /tmp/u3bench]
+                                            [--format jsonl.zst|jsonl|parquet] [--tokenizer PATH]
+                                            [--gigatoken auto|yes|no]
+
+1. Generates a corpus of --size-mb MB of text (JSONL bytes; the English-like stories of
+   recipes/samples/make_tiny.py, seeded) as 8 files in --format, once (kept in --dir for later runs).
+2. Runs the real pipeline (recipes/data_prep_pretrain.py in a subprocess, embedded Ray, 16 shards,
+   `force: true`) once per --workers value; reports wall time, tokens/s, MB/s (corpus bytes / wall) and the
+   peak RSS of the whole run (driver + Ray, summed over its processes, sampled every 0.2 s) and of its
+   largest single process.
+3. Measures the raw encoder on the first 16 MB of the same texts, outside Ray: HF `tokenizers`
+   `encode_batch_fast` on 1 thread and on all threads, and `gigatoken` (`pip install gigatoken`; with
+   --gigatoken auto it is installed into --dir with pip when missing) on 1 and all threads, used only
+   if it reproduces the `tokenizers` ids exactly.
+
+Default tokenizer: the tiny sample's 4k byte-level BPE (recipes/samples/tiny). Real vocabularies (128k+)
+encode at a similar rate per byte with `tokenizers`; the pipeline's overhead beyond the encoder is what
+this measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "recipes" / "data_prep_pretrain.py"
+sys.path.insert(0, str(REPO / "recipes" / "samples"))
+
+import make_tiny  # noqa: E402
+
+FILES = 8
+
+
+def generate(directory: Path, size_mb: int, fmt: str) -> list[Path]:
+    marker = directory / f"corpus-{size_mb}mb-{fmt}.done"
+    paths = [directory / f"part-{i:02d}.{fmt}" for i in range(FILES)]
+    if marker.exists():
+        return paths
+    directory.mkdir(parents=True, exist_ok=True)
+    per_file = size_mb * 1_000_000 // FILES
+    started = time.time()
+    for i, path in enumerate(paths):
+        gen = make_tiny.stories(seed=100 + i)
+        docs, size = [], 0
+        while size < per_file:
+            d = next(gen)
+            docs.append(d)
+            size += len(json.dumps(d, ensure_ascii=False).encode()) + 1
+        if fmt == "parquet":
+            make_tiny.write_parquet(str(path), docs, row_group_size=2000)
+        elif fmt == "jsonl.zst":
+            import zstandard
+
+            with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as f:
+                for d in docs:
+                    f.write((json.dumps(d, ensure_ascii=False) + "\n").encode())
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                for d in docs:
+                    f.write(json.dumps(d, ensure_ascii=False) + "\n")
+        print(f"  generated {path.name}: {len(docs):,} docs", flush=True)
+    marker.write_text("")
+    print(f"corpus: {size_mb} MB of JSONL text in {FILES} {fmt} files, generated in {time.time() - started:.0f} s")
+    return paths
+
+
+def session_rss(sid: int) -> tuple[int, int]:
+    """(sum, max) RSS in bytes of the live processes of session `sid`."""
+    total = biggest = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:  # field 6 of stat: the session id
+                continue
+            rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
+        except (OSError, IndexError, ValueError):
+            continue
+        total += rss
+        biggest = max(biggest, rss)
+    return total, biggest
+
+
+def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, work: Path) -> dict:
+    config = work / f"bench-w{workers}.yaml"
+    cfg = {"datasets": [{"name": "bench", "path": str(paths[0].parent / f"part-*.{paths[0].name.split('.', 1)[1]}")}],
+           "tokenizer": tokenizer, "output_dir": str(out), "num_shards": 16, "workers": workers, "force": True,
+           "progress_interval": 10}
+    config.write_text(json.dumps(cfg))  # JSON is YAML
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=env, cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    peak_sum = peak_one = 0
+    while proc.poll() is None:
+        total, biggest = session_rss(proc.pid)
+        peak_sum, peak_one = max(peak_sum, total), max(peak_one, biggest)
+        time.sleep(0.2)
+    wall = time.time() - started
+    log = proc.stdout.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"the pipeline failed (rc {proc.returncode}):\n{log[-3000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"wall": wall, "tokens": manifest["totals"]["tokens"], "docs": manifest["totals"]["docs"],
+            "peak_rss_sum": peak_sum, "peak_rss_one": peak_one, "log": log}
+
+
+def sample_texts(paths: list[Path], limit_bytes: int) -> list[str]:
+    sys.path.insert(0, str(REPO / "recipes"))
+    from dataprep import inputs
+
+    texts, size = [], 0
+    bad = inputs.BadRecords()
+    for path in paths:
+        fmt = inputs.detect_format(str(path))
+        for nbytes, text in inputs.read_texts(str(path), fmt, "text", 0, 1 << 62, bad):
+            texts.append(text)
+            size += nbytes
+            if size >= limit_bytes:
+                return texts
+    return texts
+
+
+def encoder_rates(tokenizer_json: str, texts: list[str], mode: str, work: Path) -> list[tuple]:
+    from tokenizers import Tokenizer
+
+    nbytes = sum(len(t.encode()) for t in texts)
+    rows = []
+    tok = Tokenizer.from_str(tokenizer_json)
+    batches = [texts[i:i + 1024] for i in range(0, len(texts), 1024)]
+    reference = None
+    for threads in ("1", "all"):
+        os.environ["TOKENIZERS_PARALLELISM"] = "false" if threads == "1" else "true"
+        started = time.time()
+        ids = [e.ids for b in batches for e in tok.encode_batch_fast(b, add_special_tokens=False)]
+        wall = time.time() - started
+        reference = reference or ids
+        n = sum(map(len, ids))
+        rows.append((f"tokenizers encode_batch_fast, {threads} thread(s)", wall, n, n / wall, nbytes / wall / 1e6))
+    gt = load_gigatoken(mode, work)
+    if gt is None:
+        rows.append(("gigatoken: not installed (pip install gigatoken), skipped", None, None, None, None))
+        return rows
+    g = gt.Tokenizer.from_json(tokenizer_json)
+    for parallel in (False, True):
+        started = time.time()
+        ids = [x for b in batches for x in g.encode_batch_list(b, parallel=parallel)]
+        wall = time.time() - started
+        same = ids == reference
+        n = sum(map(len, ids))
+        label = f"gigatoken {gt.__version__ if hasattr(gt, '__version__') else ''} encode_batch_list, " \
+                f"{'all threads' if parallel else '1 thread'}"
+        if same:
+            rows.append((label + " (ids identical)", wall, n, n / wall, nbytes / wall / 1e6))
+        else:
+            diff = sum(1 for a, b in zip(ids, reference) if a != b)
+            rows.append((label + f": ids differ on {diff:,} of {len(ids):,} docs, rate not used", None, None, None,
+                         None))
+    return rows
+
+
+def load_gigatoken(mode: str, work: Path):
+    if mode == "no":
+        return None
+    try:
+        import gigatoken
+
+        return gigatoken
+    except ImportError:
+        pass
+    if mode == "auto" or mode == "yes":
+        target = work / "gigatoken-pkg"
+        if not target.exists():
+            pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+                                  "gigatoken"], capture_output=True, text=True)
+            if pip.returncode != 0:
+                print(f"pip install gigatoken failed: {pip.stderr.strip().splitlines()[-1:]}", flush=True)
+                return None
+        sys.path.append(str(target))  # after the venv's own packages, so its numpy etc. win
+        try:
+            import gigatoken
+
+            return gigatoken
+        except ImportError as e:
+            print(f"gigatoken does not import: {e}", flush=True)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--dir", default="/tmp/u3bench-data-prep")
+    parser.add_argument("--format", default="jsonl.zst", choices=("jsonl.zst", "jsonl", "parquet"))
+    parser.add_argument("--tokenizer", default=str(REPO / "recipes" / "samples" / "tiny"))
+    parser.add_argument("--gigatoken", default="auto", choices=("auto", "yes", "no"))
+    parser.add_argument("--encoder-mb", type=int, default=16, help="text measured for the raw encoder rates")
+    args = parser.parse_args()
+    work = Path(args.dir)
+    work.mkdir(parents=True, exist_ok=True)
+    paths = generate(work / f"corpus-{args.size_mb}mb-{args.format.replace('.', '-')}", args.size_mb, args.format)
+    corpus_bytes = args.size_mb * 1_000_000
+    sys.path.insert(0, str(REPO / "recipes"))
+    from dataprep import tokenizer as tokenization
+
+    info, tokenizer_json = tokenization.load(args.tokenizer)
+    print(f"machine: {os.cpu_count()} CPUs; tokenizer {args.tokenizer} (vocab {info.vocab_size:,}, {info.dtype})")
+    rows = []
+    for workers in args.workers:
+        r = run_pipeline(paths, args.tokenizer, work / f"out-w{workers}", workers, work)
+        rows.append((f"pipeline, {workers} worker(s)", r["wall"], r["tokens"], r["tokens"] / r["wall"],
+                     corpus_bytes / r["wall"] / 1e6, r["peak_rss_sum"], r["peak_rss_one"]))
+        print(f"  {rows[-1][0]}: {r['wall']:.1f} s, {r['docs']:,} docs", flush=True)
+    texts = sample_texts(paths, args.encoder_mb * 1_000_000)
+    for row in encoder_rates(tokenizer_json, texts, args.gigatoken, work):
+        rows.append((*row, None, None))
+    print(f"\ncorpus {args.size_mb} MB ({args.format}); raw encoder on the first {args.encoder_mb} MB of its text\n")
+    print(f"{'what':<72} {'wall s':>8} {'tokens':>13} {'tokens/s':>11} {'MB/s':>7} {'peak RSS':>9} {'max proc':>9}")
+    for what, wall, tokens, rate, mbs, rss, one in rows:
+        cells = [f"{wall:8.1f}" if wall is not None else f"{'':>8}",
+                 f"{tokens:13,}" if tokens is not None else f"{'':>13}",
+                 f"{rate / 1e6:9.2f} M" if rate is not None else f"{'':>11}",
+                 f"{mbs:7.1f}" if mbs is not None else f"{'':>7}",
+                 f"{rss / 2**20:7.0f} M" if rss else f"{'':>9}",
+                 f"{one / 2**20:7.0f} M" if one else f"{'':>9}"]
+        print(f"{what:<72} " + " ".join(cells))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Ray for the data-prep runtimes: an embedded local Ray by default, or the cluster at `$RAY_ADDRESS`.
+
+Embedded: `ray.init` on this machine's CPUs (those this process may run on), loopback only
+(`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` makes Ray bind 127.0.0.1 instead of the routable address), no
+dashboard, usage stats off, a small object store (only task arguments and receipts travel through it);
+the workers find `recipes/dataprep` through PYTHONPATH, which they inherit. `ray.shutdown()` at the end
+stops every process it started; a SIGTERM (Slurm's scancel) ends the run through the same path.
+
+`$RAY_ADDRESS` set (Ray on Slurm, a Ray job): connect to it; `recipes/dataprep` is shipped to the
+workers as a runtime-env `py_modules` entry, so they need not see this directory.
+
+Started lazily: a run whose shards are all done, or that stops on a config error, never starts Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def local_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class ClusterError(Exception):
+    """Ray could not be started or reached."""
+
+
+class Cluster:
+    def __init__(self, object_store_mb: int = 256) -> None:
+        self.object_store_mb = object_store_mb
+        self.ray = None
+        self.cpus = 0
+        self.address = os.environ.get("RAY_ADDRESS") or None
+
+    def start(self):
+        if self.ray is not None:
+            return self.ray
+        for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_USAGE_STATS_ENABLED", "0"),
+                           ("RAY_DEDUP_LOGS", "0")):
+            os.environ.setdefault(key, value)
+        # `ray start --head` turns token authentication on when a token exists (~/.ray/auth_token, which
+        # any local ray.init() creates), but a driver given an explicit address never does: it would be
+        # refused. Use the token when there is one, as `ray start` does (RAY_AUTH_MODE, if set, wins).
+        # Ray reads the mode when it is imported.
+        if self.address and "RAY_AUTH_MODE" not in os.environ and (
+                os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                or os.path.exists(os.path.expanduser("~/.ray/auth_token"))):
+            os.environ["RAY_AUTH_MODE"] = "token"
+        import ray
+
+        self.ray = ray  # from here on, stop() shuts Ray down, also when ray.init is interrupted
+        try:
+            if self.address:
+                ray.init(address=self.address, runtime_env={"py_modules": [HERE]}, logging_level=logging.ERROR)
+            else:
+                parent = os.path.dirname(HERE)
+                paths = [parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != parent]
+                os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+                ray.init(num_cpus=local_cpus(), num_gpus=0, include_dashboard=False,
+                         object_store_memory=self.object_store_mb << 20, logging_level=logging.ERROR)
+        except BaseException as e:
+            # Ray half started (a failure, or SIGTERM: ray.init installs a handler that exits with 15):
+            # shutdown() cannot reach what it had not registered yet, so its processes are ended here
+            try:
+                self.stop()
+            finally:
+                kill_descendants()
+            if isinstance(e, SystemExit):
+                raise SystemExit(128 + signal.SIGTERM if e.code == signal.SIGTERM else e.code) from None
+            if not isinstance(e, Exception):
+                raise
+            what = f"connect to the Ray cluster at {self.address}" if self.address else "start a local Ray"
+            hint = (" (is RAY_AUTH_MODE/RAY_AUTH_TOKEN the cluster's?)"
+                    if "auth" in repr(e.__cause__ or e).lower() else "")
+            raise ClusterError(f"cannot {what}: {type(e).__name__}: {str(e).splitlines()[0]}{hint}") from None
+        signal.signal(signal.SIGTERM, _terminate)  # ray.init installs its own
+        self.cpus = int(ray.cluster_resources().get("CPU", 1))
+        return ray
+
+    def stop(self) -> None:
+        if self.ray is not None:
+            self.ray.shutdown()
+            self.ray = None
+
+    def __enter__(self) -> Cluster:
+        signal.signal(signal.SIGTERM, _terminate)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, children and theirs (Linux /proc)."""
+    children: dict = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    todo, found = [os.getpid()], []
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def where() -> str:
+    return f"Ray cluster at {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "embedded local Ray"
+

@@ -1,0 +1,15 @@
+"""The two errors a data-prep run reports to its user (one line on stderr, exit 2), as opposed to bugs
+and system failures (a traceback, exit 1)."""
+
+from __future__ import annotations
+
+
+class DataPrepError(Exception):
+    """A problem with the config or the inputs: missing files, an unreadable tokenizer, an empty corpus."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))  # always one line
+
+
+class BadRecordError(DataPrepError):
+    """A bad input record under `strict: true`."""

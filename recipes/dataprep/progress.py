@@ -1,0 +1,71 @@
+"""Progress: shard tasks post their counts to a small Ray actor (fire and forget, about once a second);
+the driver reads it every `progress_interval` seconds and prints one line; at the end, a summary table."""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+class Board:
+    """Latest (records, docs, tokens, input bytes) of each shard of this run. Runs as a Ray actor."""
+
+    def __init__(self) -> None:
+        self.shards: dict = {}
+
+    def update(self, key: str, records: int, docs: int, tokens: int, nbytes: int) -> None:
+        self.shards[key] = (records, docs, tokens, nbytes)
+
+    def totals(self) -> tuple[int, int, int, int]:
+        return tuple(sum(v[i] for v in self.shards.values()) for i in range(4))
+
+
+def duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def si(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def line(records: int, total: int, docs: int, tokens: int, nbytes: int, shards_done: int, shards: int,
+         elapsed: float) -> str:
+    rate = tokens / elapsed if elapsed > 0 else 0.0
+    frac = records / total if total else 1.0
+    eta = (elapsed / frac - elapsed) if frac > 0 else float("nan")
+    eta_s = "?" if math.isnan(eta) else duration(eta)
+    return (f"progress: {docs:,} docs ({100 * frac:.1f}% of {total:,} records), {si(tokens)} tokens, "
+            f"{si(rate)} tokens/s, {nbytes / elapsed / 1e6 if elapsed > 0 else 0:.1f} MB/s, "
+            f"shards {shards_done}/{shards}, elapsed {duration(elapsed)}, ETA {eta_s}")
+
+
+class Clock:
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.start = self.last = time.time()
+
+    def due(self) -> bool:
+        if time.time() - self.last >= self.interval:
+            self.last = time.time()
+            return True
+        return False
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [[f"{c:,}" if isinstance(c, int) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    out = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [fmt(r) for r in cells[1:-1]]
+    if len(cells) > 2:
+        out += ["  ".join("-" * w for w in widths)]
+    out += [fmt(cells[-1])] if len(cells) > 1 else []
+    return "\n".join(out)

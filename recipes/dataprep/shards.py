@@ -1,0 +1,290 @@
+"""Shards: planning them from the inputs, tokenizing one, and its receipt.
+
+Plan. A dataset's records are numbered in file order (files sorted by path, records in file order) and
+cut into `num_shards` contiguous ranges of (nearly) equal record counts: shard i holds records
+[i*N // n, (i+1)*N // n). The plan is a function of the input files and the config only, never of the
+number of workers or their timing, so every run writes the same bytes.
+
+Shard. `write_shard` reads its records, tokenizes them, appends EOD and writes `shard_NNNNNN.bin/.idx`
+under temporary names (`*.tmp-<random>`), fsyncs, renames them to their final names, and only then
+writes the receipt `shard_NNNNNN.json` (again tmp + rename). No shard is visible under its final name
+half-written, and a shard without a valid receipt is written again from scratch.
+
+Receipt. It records the shard's plan hash (SHA-256 of everything its bytes depend on: the input files'
+fingerprints and record range, the tokenizer's SHA-256, EOD, dtype, text field, format version) and the
+sizes and SHA-256 of both files. A later run skips a shard whose receipt has the same plan hash and whose
+files still have the recorded sizes and are not newer than the receipt (`verify: checksum` also re-hashes
+them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .indexed import IndexedWriter
+from .inputs import BadRecords, read_texts
+
+FORMAT = "ultra3-binidx/1"
+SHARD_NAME = "shard_{:06d}"
+SHARD_FILE = re.compile(r"^shard_(\d{6})\.(bin|idx|json)$")
+TMP_MARK = ".tmp-"
+BATCH_DOCS = 1024
+BATCH_BYTES = 4 << 20
+PROGRESS_EVERY_S = 1.0
+
+
+@dataclass
+class Piece:
+    file: str
+    fmt: str
+    fingerprint: dict
+    start: int  # record numbers in the file, [start, end)
+    end: int
+
+
+@dataclass
+class ShardTask:
+    dataset: str
+    index: int
+    directory: str  # the dataset's output directory
+    text_field: str
+    pieces: list = field(default_factory=list)  # of Piece
+    records: int = 0
+    est_bytes: int = 0  # input bytes, estimated (for scheduling the largest first)
+    plan_hash: str = ""
+
+    @property
+    def name(self) -> str:
+        return SHARD_NAME.format(self.index)
+
+    @property
+    def prefix(self) -> str:
+        return os.path.join(self.directory, self.name)
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.name}"
+
+
+def ranges(total: int, n: int) -> list[tuple[int, int]]:
+    return [(i * total // n, (i + 1) * total // n) for i in range(n)]
+
+
+def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict], num_shards: int,
+                 tokenizer_sha: str, eod_id: int, dtype: str) -> list[ShardTask]:
+    """`sources`: [{path, format, fingerprint, records}] in order; shards of contiguous record ranges."""
+    total = sum(s["records"] for s in sources)
+    n = max(1, min(num_shards, total))
+    starts = list(itertools.accumulate([0] + [s["records"] for s in sources]))
+    tasks = []
+    for i, (lo, hi) in enumerate(ranges(total, n)):
+        task = ShardTask(dataset=name, index=i, directory=directory, text_field=text_field, records=hi - lo)
+        for s, first in zip(sources, starts):
+            a, b = max(lo, first), min(hi, first + s["records"])
+            if a < b:
+                task.pieces.append(Piece(s["path"], s["format"], s["fingerprint"], a - first, b - first))
+                task.est_bytes += s["fingerprint"]["bytes"] * (b - a) // max(s["records"], 1)
+        task.plan_hash = hashlib.sha256(json.dumps({
+            "format": FORMAT, "tokenizer_sha256": tokenizer_sha, "eod_id": eod_id, "dtype": dtype,
+            "text_field": text_field, "pieces": [asdict(p) for p in task.pieces],
+        }, sort_keys=True).encode()).hexdigest()
+        tasks.append(task)
+    return tasks
+
+
+# ---- files ---------------------------------------------------------------------------------------------
+
+def tmp_name(path: str) -> str:
+    return f"{path}{TMP_MARK}{uuid.uuid4().hex[:12]}"
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename: readers see the old or the new file."""
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def write_json(path: str, obj) -> None:
+    write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
+
+
+def receipt_path(task: ShardTask) -> str:
+    return task.prefix + ".json"
+
+
+def read_receipt(task: ShardTask, verify: str = "size") -> dict | None:
+    """The shard's receipt if the shard is complete for this plan, else None."""
+    path = receipt_path(task)
+    try:
+        with open(path, encoding="utf-8") as f:
+            receipt = json.load(f)
+        receipt_mtime = os.stat(path).st_mtime_ns
+    except (OSError, ValueError):
+        return None
+    if not isinstance(receipt, dict) or receipt.get("format") != FORMAT or receipt.get("plan_hash") != task.plan_hash:
+        return None
+    for ext in ("bin", "idx"):
+        want = receipt.get(ext) or {}
+        try:
+            st = os.stat(f"{task.prefix}.{ext}")
+        except OSError:
+            return None
+        if st.st_size != want.get("bytes") or st.st_mtime_ns > receipt_mtime:
+            return None
+        if verify == "checksum" and sha256_file(f"{task.prefix}.{ext}") != want.get("sha256"):
+            return None
+    return receipt
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def clean_dataset_dir(directory: str, shards: int) -> list[str]:
+    """Remove leftovers of interrupted runs (temporary files) and shards numbered past the plan's."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in sorted(names):
+        m = SHARD_FILE.match(name)
+        stale = (TMP_MARK in name and name.startswith("shard_")) or (m and int(m.group(1)) >= shards)
+        if stale:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def invalidate(task: ShardTask) -> None:
+    """Before a shard is (re)written: its receipt goes first, so a half-done rewrite is never taken as done."""
+    path = receipt_path(task)
+    if os.path.exists(path):
+        os.unlink(path)
+        fsync_dir(task.directory)
+
+
+# ---- the work ------------------------------------------------------------------------------------------
+
+_TOKENIZERS: dict = {}
+
+
+def _tokenizer(text: str, sha: str):
+    tok = _TOKENIZERS.get(sha)
+    if tok is None:
+        from tokenizers import Tokenizer
+
+        _TOKENIZERS.clear()
+        tok = _TOKENIZERS[sha] = Tokenizer.from_str(text)
+    return tok
+
+
+def _batches(task: ShardTask, bad: BadRecords):
+    texts, size = [], 0
+    for piece in task.pieces:
+        for nbytes, text in read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad):
+            texts.append(text)
+            size += nbytes
+            if len(texts) >= BATCH_DOCS or size >= BATCH_BYTES:
+                yield texts, size
+                texts, size = [], 0
+    if texts:
+        yield texts, size
+
+
+def encode(tok, texts: list[str], eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of `texts` back to back, each followed by EOD, and each document's length."""
+    ids = [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(x, (eod_id,)) for x in ids),
+                       dtype=dtype, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id: int, dtype: str,
+                strict: bool = False, threads: int = 1, progress=None) -> dict:
+    """Tokenize one shard into its .bin/.idx and write its receipt; returns the receipt."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    os.environ.setdefault("RAYON_NUM_THREADS", str(max(threads, 1)))
+    started = time.time()
+    tok = _tokenizer(tokenizer_json, tokenizer_sha)
+    np_dtype = np.dtype(dtype)
+    os.makedirs(task.directory, exist_ok=True)
+    invalidate(task)
+    final = {ext: f"{task.prefix}.{ext}" for ext in ("bin", "idx")}
+    tmp = {ext: tmp_name(path) for ext, path in final.items()}
+    tmp["lengths"] = tmp_name(task.prefix + ".lengths")
+    writer = IndexedWriter(tmp["bin"], tmp["idx"], dtype, tmp["lengths"])
+    bad = BadRecords(strict=strict)
+    read_bytes, last = 0, time.time()
+    try:
+        for texts, size in _batches(task, bad):
+            writer.add(*encode(tok, texts, eod_id, np_dtype))
+            read_bytes += size
+            if progress is not None and time.time() - last >= PROGRESS_EVERY_S:
+                progress.update.remote(task.key, writer.docs + bad.total, writer.docs, writer.tokens, read_bytes)
+                last = time.time()
+        stats = writer.finish()
+        os.replace(tmp["bin"], final["bin"])
+        os.replace(tmp["idx"], final["idx"])
+        fsync_dir(task.directory)
+    except BaseException:
+        writer.abort()
+        for path in tmp.values():
+            if os.path.exists(path):
+                os.unlink(path)
+        raise
+    receipt = {
+        "format": FORMAT,
+        "dataset": task.dataset,
+        "shard": task.index,
+        "plan_hash": task.plan_hash,
+        "records": task.records,
+        "docs": stats["docs"],
+        "tokens": stats["tokens"],
+        "dtype": dtype,
+        "bad": bad.to_json(),
+        "bin": stats["bin"],
+        "idx": stats["idx"],
+    }
+    write_json(receipt_path(task), receipt)
+    if progress is not None:
+        progress.update.remote(task.key, task.records, stats["docs"], stats["tokens"], read_bytes)
+    receipt["_seconds"] = round(time.time() - started, 3)  # returned to the driver only, not written
+    return receipt

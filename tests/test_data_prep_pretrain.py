@@ -1,0 +1,574 @@
+"""The pretraining data-prep runtime (recipes/data_prep_pretrain.py), run as a job runs it: a subprocess on a
+YAML config, on real Ray, writing real shards that Megatron-Core's IndexedDataset reads back.
+
+Most runs join one local Ray head started for this module (loopback, 2 CPUs, a small object store, token
+auth), which exercises the `$RAY_ADDRESS` path; the first run and the killed runs of the resume test use
+the embedded Ray that a job starts by default.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("tokenizers")
+pytest.importorskip("pyarrow")
+np = pytest.importorskip("numpy")
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "recipes" / "data_prep_pretrain.py"
+TINY = REPO / "recipes" / "samples" / "tiny"
+sys.path.insert(0, str(REPO / "recipes"))
+
+from dataprep import hub, indexed  # noqa: E402
+
+BIN = Path(sys.executable).parent
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
+       "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    # a job's config also carries the launcher's sections: the runtime ignores them
+    full = {"run": {"nodes": 1, "gpus_per_node": 0}, "job": {"id": "test", "stage": "data prep pretrain"}, **cfg}
+    path.write_text(yaml.safe_dump(full, sort_keys=False))
+    return path
+
+
+def prep(cfg: dict, where: Path, env: dict | None = None, timeout: float = 180) -> Result:
+    config = write_config(where / f"config-{secrets.token_hex(3)}.yaml", cfg)
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env={**ENV, **(env or {})},
+                       capture_output=True, text=True, timeout=timeout, start_new_session=True, cwd=where)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def tiny_config(out: Path, **kw) -> dict:
+    return {"datasets": [{"name": "stories", "path": str(TINY / "corpus.jsonl.gz"), "weight": 3.0},
+                         {"name": "encyclopedia", "path": str(TINY / "encyclopedia.parquet"), "text_field": "content",
+                          "weight": 1.0}],
+            "tokenizer": str(TINY), "output_dir": str(out), "num_shards": 4, "progress_interval": 0.5,
+            "object_store_mb": 100, **kw}
+
+
+def file_hashes(root: Path) -> dict:
+    """sha256 of every file under `root`; blend.json with `root` written as ROOT (its prefixes are absolute)."""
+    hashes = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name == "blend.json":
+                data = data.replace(str(root).encode(), b"ROOT")
+            hashes[str(p.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return hashes
+
+
+def stat_of(paths) -> dict:
+    return {str(p): (os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths}
+
+
+def session_processes(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if len(line.split()) > 3 and line.split()[1] == str(sid) and not line.split()[2].startswith("Z")]
+
+
+def wait_session_gone(sid: int, timeout: float = 20) -> list[str]:
+    deadline = time.time() + timeout
+    while (left := session_processes(sid)) and time.time() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray head (loopback, 2 CPUs, token auth): the env that points a run at it."""
+    tmp = Path(tempfile.mkdtemp(prefix="u3ray"))  # short: Ray's socket paths must fit in 107 bytes
+    gcs, client, agent = free_ports(3)
+    env = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    log = open(tmp / "head.log", "w")
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--num-gpus=0", "--disable-usage-stats",
+         "--node-ip-address=127.0.0.1", f"--port={gcs}", f"--ray-client-server-port={client}",
+         f"--dashboard-agent-listen-port={agent}", "--include-dashboard=false", f"--temp-dir={tmp}",
+         "--object-store-memory=100000000"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while "Ray runtime started" not in (tmp / "head.log").read_text():
+            assert head.poll() is None and time.time() < deadline, (tmp / "head.log").read_text()[-3000:]
+            time.sleep(0.2)
+        yield {"RAY_ADDRESS": f"127.0.0.1:{gcs}", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]}
+    finally:
+        head.terminate()  # `ray start --block` stops everything it started
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        left = wait_session_gone(head.pid, timeout=10)
+        if left:
+            os.killpg(head.pid, signal.SIGKILL)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_docs(path: Path, field: str) -> list[str]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, columns=[field]).column(0).to_pylist()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return [json.loads(line)[field] for line in f if line.strip()]
+
+
+def expected_tokens(tokenizer_json: Path, texts: list[str], eod: int) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    return [e.ids + [eod] for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def megatron_sequences(prefix: Path):
+    megatron = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    ds = megatron.IndexedDataset(str(prefix))
+    return ds, [ds[i].tolist() for i in range(len(ds))]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny sample config, run like a job: embedded Ray on both CPUs."""
+    where = tmp_path_factory.mktemp("tiny")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config",
+                             str(write_config(where / "config.yaml", tiny_config(where / "out", workers=2)))],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=where)
+    out, err = proc.communicate(timeout=180)
+    return where / "out", Result(proc.returncode, out, err), wait_session_gone(proc.pid, timeout=10)
+
+
+# ---- the sample, end to end ------------------------------------------------------------------------------
+
+def test_tiny_sample_reads_back_with_megatron(tiny_run):
+    out, r, leftovers = tiny_run
+    assert r.rc == 0, r.err
+    assert leftovers == [], "Ray processes outlived the run"
+    assert "progress:" in r.out and "tokens/s" in r.out and "ETA" in r.out
+    assert "total" in r.out and "wall time" in r.out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"]["dtype"] == "uint16" and manifest["tokenizer"]["vocab_size"] == 4096
+    eod = manifest["tokenizer"]["eod_id"]
+    assert manifest["tokenizer"]["eod_token"] == "<|endoftext|>"  # from tokenizer_config.json
+    sources = {"stories": (TINY / "corpus.jsonl.gz", "text"),
+               "encyclopedia": (TINY / "encyclopedia.parquet", "content")}
+    for ds in manifest["datasets"]:
+        path, field = sources[ds["name"]]
+        want = expected_tokens(TINY / "tokenizer.json", read_docs(path, field), eod)
+        got = []
+        assert [s["index"] for s in ds["shards"]] == [0, 1, 2, 3]
+        for shard in ds["shards"]:
+            megatron_ds, seqs = megatron_sequences(out / shard["prefix"])
+            assert megatron_ds.index.dtype == np.uint16
+            assert len(seqs) == shard["docs"] == shard["records"]
+            assert sum(map(len, seqs)) == shard["tokens"]
+            assert list(megatron_ds.document_indices) == list(range(len(seqs) + 1))
+            got += seqs
+        assert got == want  # every document, in order, tokenized exactly as `tokenizers` does, + EOD
+        assert ds["docs"] == len(want) and ds["tokens"] == sum(map(len, want)) and ds["bad_records"] == 0
+        assert sorted(s["split"] for s in ds["shards"]) == ["test", "train", "train", "valid"]
+    totals = manifest["totals"]
+    assert totals["docs"] == sum(d["docs"] for d in manifest["datasets"]) == 3300
+    assert totals["tokens"] == sum(s["tokens"] for d in manifest["datasets"] for s in d["shards"])
+    assert sum(v["tokens"] for v in manifest["splits"].values()) == totals["tokens"]
+
+
+def test_tiny_blend_names_existing_prefixes_with_dataset_weights(tiny_run):
+    out, r, _ = tiny_run
+    assert r.rc == 0, r.err
+    blend = json.loads((out / "blend.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(blend) == {"train", "valid", "test"}
+    weights = {d["name"]: d["weight"] for d in manifest["datasets"]}
+    for split, flat in blend.items():
+        pairs = list(zip(flat[::2], flat[1::2]))
+        assert pairs, split
+        per_dataset: dict = {}
+        for weight, prefix in pairs:
+            assert isinstance(weight, float) and weight > 0
+            assert os.path.isabs(prefix)
+            assert os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
+            name = Path(prefix).parent.name
+            per_dataset[name] = per_dataset.get(name, 0) + weight
+        assert per_dataset == pytest.approx(weights)  # each dataset keeps its weight in every split
+    in_blend = {p for flat in blend.values() for p in flat[1::2]}
+    assert in_blend == {str(out / s["prefix"]) for d in manifest["datasets"] for s in d["shards"]}
+
+
+def test_same_bytes_with_one_worker(tiny_run, ray_cluster, tmp_path):
+    out, r, _ = tiny_run
+    assert r.rc == 0, r.err
+    r1 = prep(tiny_config(tmp_path / "out", workers=1), tmp_path, env=ray_cluster)
+    assert r1.rc == 0, r1.err
+    assert "Ray cluster at 127.0.0.1" in r1.out
+    assert file_hashes(tmp_path / "out") == file_hashes(out)
+
+
+def test_sample_goes_to_its_own_dir_and_leaves_the_full_output_alone(tiny_run, ray_cluster, tmp_path):
+    full, r, _ = tiny_run
+    assert r.rc == 0, r.err
+    out = tmp_path / "out"
+    shutil.copytree(full, out, copy_function=shutil.copy2)
+    hashes, stats = file_hashes(out), stat_of(p for p in out.rglob("*") if p.is_file())
+    r = prep(tiny_config(out, sample=100), tmp_path, env=ray_cluster)
+    assert r.rc == 0, r.err
+    assert {k: v for k, v in file_hashes(out).items() if not k.startswith("sample-100/")} == hashes
+    assert stat_of(stats) == stats  # not even rewritten
+    manifest = json.loads((out / "sample-100" / "manifest.json").read_text())
+    assert manifest["sample"] == 100
+    for ds in manifest["datasets"]:
+        assert ds["docs"] == 100 and [s["docs"] for s in ds["shards"]] == [25, 25, 25, 25]
+    blend = json.loads((out / "sample-100" / "blend.json").read_text())
+    assert all(p.startswith(str(out / "sample-100") + "/") for flat in blend.values() for p in flat[1::2])
+    # the sample holds the first 100 documents of each dataset
+    _, seqs = megatron_sequences(out / "sample-100" / "stories" / "shard_000000")
+    want = expected_tokens(TINY / "tokenizer.json", read_docs(TINY / "corpus.jsonl.gz", "text")[:25], 0)
+    assert seqs == want
+
+
+# ---- dtype -----------------------------------------------------------------------------------------------
+
+def big_vocab_tokenizer(path: Path, words: int = 70_000) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<eod>": 1, **{f"w{i}": i for i in range(2, words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<eod>"])
+    tok.save(str(path))
+    return path
+
+
+def test_big_vocab_gives_int32_then_reuse_then_force(ray_cluster, tmp_path):
+    tokenizer = big_vocab_tokenizer(tmp_path / "tokenizer.json")
+    rng = np.random.default_rng(0)
+    texts = [" ".join(f"w{i}" for i in rng.integers(2, 70_000, size=rng.integers(1, 60))) for _ in range(200)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = {"datasets": [{"name": "words", "path": str(corpus)}], "tokenizer": str(tokenizer), "eod_token": "<eod>",
+           "output_dir": str(tmp_path / "out"), "num_shards": 2, "object_store_mb": 100}
+    r = prep(cfg, tmp_path, env=ray_cluster)
+    assert r.rc == 0, r.err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["dtype"] == "int32" and manifest["tokenizer"]["eod_id"] == 1
+    got = []
+    for shard in manifest["datasets"][0]["shards"]:
+        ds, seqs = megatron_sequences(tmp_path / "out" / shard["prefix"])
+        assert ds.index.dtype == np.int32
+        got += seqs
+    assert got == expected_tokens(tokenizer, texts, 1)
+    assert max(max(s) for s in got) > 65_535
+    assert manifest["splits"]["valid"]["shards"] == 0  # 2 shards: all train
+
+    shard_files = sorted((tmp_path / "out" / "words").iterdir())
+    before = file_hashes(tmp_path / "out"), stat_of(shard_files)
+    again = prep(cfg, tmp_path)  # everything done: reused without starting Ray (no RAY_ADDRESS here)
+    assert again.rc == 0, again.err
+    assert "shards written 0, reused 2" in again.out and "Ray" not in again.out
+    assert (file_hashes(tmp_path / "out"), stat_of(shard_files)) == before
+
+    # a shard corrupted in place (same size, same mtime) passes `verify: size`, not `verify: checksum`
+    victim = tmp_path / "out" / "words" / "shard_000001.bin"
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    checked = prep({**cfg, "verify": "checksum"}, tmp_path, env=ray_cluster)
+    assert checked.rc == 0, checked.err
+    assert "shards written 1, reused 1" in checked.out
+    assert file_hashes(tmp_path / "out") == before[0]
+    shard_files = sorted((tmp_path / "out" / "words").iterdir())
+    before = before[0], stat_of(shard_files)
+
+    forced = prep({**cfg, "force": True}, tmp_path, env=ray_cluster)
+    assert forced.rc == 0, forced.err
+    assert "shards written 2, reused 0" in forced.out
+    assert file_hashes(tmp_path / "out") == before[0]
+    after = stat_of(shard_files)
+    assert all(after[p][0] != before[1][p][0] for p in after)  # new files (renamed into place)
+
+
+# ---- bad records -----------------------------------------------------------------------------------------
+
+BAD_LINES = [
+    b'{"text": "A good first document."}',
+    b'{"text": "unterminated',  # 2 invalid_json
+    b'{"body": "no text field"}',  # 3 missing_field
+    b'{"text": "bad \xff\xfe bytes"}',  # 4 bad_utf8
+    b'{"text": ""}',  # 5 empty_text
+    b"",  # blank: not a record
+    b'{"text": "Another good one."}',  # 7
+    b'["a", "list"]',  # 8 invalid_json (not an object)
+    b'{"text": 42}',  # 9 not_a_string
+    b'{"text": "   \\n  "}',  # 10 empty_text
+    b'{"text": "lone \\ud800 surrogate"}',  # 11 bad_utf8
+    b'{"text": "The last good document."}',  # 12
+]
+
+
+def test_bad_records_are_counted_with_file_and_line(ray_cluster, tmp_path):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_bytes(b"\n".join(BAD_LINES) + b"\n")
+    cfg = {"datasets": [{"name": "bad", "path": str(corpus)}], "tokenizer": str(TINY),
+           "output_dir": str(tmp_path / "out"), "num_shards": 2, "object_store_mb": 100}
+    r = prep(cfg, tmp_path, env=ray_cluster)
+    assert r.rc == 0, r.err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    ds = manifest["datasets"][0]
+    assert ds["bad"]["counts"] == {"invalid_json": 2, "missing_field": 1, "not_a_string": 1, "bad_utf8": 2,
+                                   "empty_text": 2}
+    assert ds["records"] == 11 and ds["docs"] == 3 and ds["bad_records"] == 8
+    assert manifest["totals"]["bad_records"] == 8 and manifest["totals"]["bad"] == ds["bad"]["counts"]
+    examples = ds["bad"]["examples"]
+    for kind, lines in {"invalid_json": [2, 8], "missing_field": [3], "not_a_string": [9], "bad_utf8": [4, 11],
+                        "empty_text": [5, 10]}.items():
+        assert [e.split(": ")[0] for e in examples[kind]] == [f"{corpus}:{n}" for n in lines]
+    assert f"bad records, bad, invalid_json: 2; first at {corpus}:2" in r.out
+    assert f"{corpus}:11" in r.out
+    assert sum(s["bad"].get("bad_utf8", 0) for s in ds["shards"]) == 2  # per shard too
+    got = [seq for s in ds["shards"] for seq in megatron_sequences(tmp_path / "out" / s["prefix"])[1]]
+    assert got == expected_tokens(TINY / "tokenizer.json",
+                                  ["A good first document.", "Another good one.", "The last good document."], 0)
+
+
+def test_strict_stops_at_the_first_bad_record_with_one_line(ray_cluster, tmp_path):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_bytes(b"\n".join(BAD_LINES) + b"\n")
+    cfg = {"datasets": [{"name": "bad", "path": str(corpus)}], "tokenizer": str(TINY),
+           "output_dir": str(tmp_path / "out"), "num_shards": 1, "strict": True, "object_store_mb": 100}
+    r = prep(cfg, tmp_path, env=ray_cluster)
+    assert r.rc == 2
+    lines = [line for line in r.err.splitlines() if line.strip()]
+    assert len(lines) == 1, r.err
+    assert "invalid_json" in lines[0] and f"{corpus}:2" in lines[0] and "strict" in lines[0]
+    assert not (tmp_path / "out" / "blend.json").exists()
+    assert not list((tmp_path / "out" / "bad").glob("shard_*"))  # nothing half-written left behind
+
+
+# ---- errors before anything is written -------------------------------------------------------------------
+
+def _garbage_tokenizer(tmp: Path) -> str:
+    (tmp / "tok").mkdir()
+    (tmp / "tok" / "tokenizer.json").write_text('{"this is": "not a tokenizer"}')
+    return str(tmp / "tok")
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("missing_input", "matches no input file"),
+    ("missing_glob", "matches no input file"),
+    ("missing_tokenizer", "does not exist"),
+    ("unreadable_tokenizer", "is not a readable tokenizer.json"),
+    ("empty_corpus", "empty corpus"),
+    ("blank_corpus", "empty corpus"),
+    ("parquet_without_field", "has no column 'body'"),
+])
+def test_input_errors_are_one_line_exit_2_and_write_nothing(case, expect, tmp_path):
+    out = tmp_path / "out"
+    good = str(TINY / "corpus.jsonl.gz")
+    cfg = {"datasets": [{"name": "d", "path": good}], "tokenizer": str(TINY), "output_dir": str(out)}
+    if case == "missing_input":
+        cfg["datasets"][0]["path"] = str(tmp_path / "nope.jsonl")
+    elif case == "missing_glob":
+        cfg["datasets"] = [{"name": "a", "path": good}, {"name": "b", "path": str(tmp_path / "none" / "*.parquet")}]
+    elif case == "missing_tokenizer":
+        cfg["tokenizer"] = str(tmp_path / "no-such-tokenizer")
+    elif case == "unreadable_tokenizer":
+        cfg["tokenizer"] = _garbage_tokenizer(tmp_path)
+    elif case == "empty_corpus":
+        (tmp_path / "empty.jsonl").write_bytes(b"")
+        cfg["datasets"][0]["path"] = str(tmp_path / "empty.jsonl")
+    elif case == "blank_corpus":
+        with gzip.open(tmp_path / "blank.jsonl.gz", "wb") as f:
+            f.write(b"\n  \n\n")
+        cfg["datasets"] = [{"name": "a", "path": good}, {"name": "b", "path": str(tmp_path / "blank.jsonl.gz")}]
+    elif case == "parquet_without_field":
+        cfg["datasets"] = [{"name": "e", "path": str(TINY / "encyclopedia.parquet"), "text_field": "body"}]
+    r = prep(cfg, tmp_path, timeout=60)
+    assert r.rc == 2, (r.out, r.err)
+    lines = r.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ultra3 data prep pretrain: error: ") and expect in lines[0], r.err
+    assert not out.exists()
+
+
+# ---- kill -9 at any point, then resume -------------------------------------------------------------------
+
+def _wait_for(proc: subprocess.Popen, cond, what: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the run ended (rc {proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-2000:]}")
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of the session (the run and the embedded Ray it started), as a node failure
+    or `scancel --signal=KILL` does: Ray's workers sit in process groups of their own."""
+    while pids := [int(line.split()[0]) for line in session_processes(sid)]:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def _kill_when(config: Path, where: Path, cond, what: str) -> None:
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=ENV, cwd=where,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for(proc, cond, what)
+    kill_session(proc.pid)
+    proc.communicate()
+
+
+def _check_visible_shards(d: Path) -> None:
+    """Every shard under its final name is whole: its .bin holds exactly what its .idx describes."""
+    for idx in d.glob("shard_*.idx"):
+        index = indexed.read_index(str(idx))
+        size = int(index["lengths"].astype(np.int64).sum()) * np.dtype(index["dtype"]).itemsize
+        assert idx.with_suffix(".bin").stat().st_size == size
+
+
+def test_kill_9_anywhere_then_resume_gives_the_same_bytes(ray_cluster, tmp_path):
+    # ~14 MB of text in 6 shards, written one at a time: each takes long enough to be killed in the middle
+    docs = [json.loads(line) for line in gzip.open(TINY / "corpus.jsonl.gz")]
+    with open(tmp_path / "big.jsonl", "w") as f:
+        for copy in range(6):
+            for d in docs:
+                f.write(json.dumps({"id": f"{copy}-{d['id']}", "text": d["text"]}) + "\n")
+    out = tmp_path / "out"
+    cfg = {"datasets": [{"name": "big", "path": str(tmp_path / "big.jsonl")}], "tokenizer": str(TINY),
+           "output_dir": str(out), "num_shards": 6, "object_store_mb": 100, "progress_interval": 0.5}
+
+    reference = prep({**cfg, "workers": 2}, tmp_path, env=ray_cluster)  # uninterrupted
+    assert reference.rc == 0, reference.err
+    want = file_hashes(out)
+    out.rename(tmp_path / "reference")
+
+    config = write_config(tmp_path / "config.yaml", {**cfg, "workers": 1})
+    shard_dir = out / "big"
+    receipts = lambda: sorted(shard_dir.glob("shard_*.json"))  # noqa: E731
+    writing = lambda: any(".tmp-" in p.name for p in shard_dir.glob("shard_*"))  # noqa: E731
+
+    # 1. killed in the middle of the first shard
+    first = lambda: any(shard_dir.glob("shard_*.bin.tmp-*"))  # noqa: E731
+    _kill_when(config, tmp_path, lambda: shard_dir.is_dir() and first(), "the first shard started")
+    assert receipts() == []
+    _check_visible_shards(shard_dir)
+    # 2. killed with some shards done and another half written
+    _kill_when(config, tmp_path, lambda: len(receipts()) >= 2 and writing(), "2 shards")
+    _check_visible_shards(shard_dir)
+    kept = stat_of(p for r in receipts() for p in (r, r.with_suffix(".bin"), r.with_suffix(".idx")))
+    # 3. killed with most shards done
+    _kill_when(config, tmp_path, lambda: len(receipts()) >= 5 and writing(), "5 shards")
+    _check_visible_shards(shard_dir)
+    done = len(receipts())
+    assert done >= 5
+    # 4. resumed to the end (on the other Ray: the cluster)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env={**ENV, **ray_cluster},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert f"shards written {6 - done}, reused {done}" in proc.stdout, proc.stdout
+    assert file_hashes(out) == want
+    assert stat_of(kept) == kept  # shards finished before a kill were never rewritten
+    assert not [p for p in shard_dir.iterdir() if ".tmp-" in p.name]
+
+
+# ---- pieces ----------------------------------------------------------------------------------------------
+
+def test_index_writer_matches_megatron_across_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(indexed, "CHUNK", 3)  # several chunks of lengths, offsets and document indices
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 60_000, size=n).astype(np.uint16) for n in (5, 1, 9, 2, 7, 3, 1, 4, 8, 6, 2)]
+    w = indexed.IndexedWriter(str(tmp_path / "x.bin"), str(tmp_path / "x.idx"), "uint16", str(tmp_path / "x.len"))
+    w.add(np.concatenate(docs[:4]), [len(d) for d in docs[:4]])
+    w.add(np.concatenate(docs[4:]), [len(d) for d in docs[4:]])
+    stats = w.finish()
+    assert stats["docs"] == len(docs) and stats["tokens"] == sum(map(len, docs))
+    assert stats["idx"]["bytes"] == 34 + len(docs) * 12 + (len(docs) + 1) * 8
+    ds, seqs = megatron_sequences(tmp_path / "x")
+    assert seqs == [d.tolist() for d in docs]
+    assert list(ds.index.sequence_pointers) == list(np.concatenate(([0], np.cumsum([len(d) * 2 for d in docs])[:-1])))
+    assert not (tmp_path / "x.len").exists()
+
+
+README = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*
+  - split: validation
+    path: data/validation-*
+- config_name: math
+  data_files:
+  - split: train
+    path: math/*.parquet
+---
+# card
+"""
+
+
+def test_hub_file_selection():
+    files = ["README.md", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet",
+             "data/validation-00000-of-00001.parquet", "math/part-0.parquet", "math/part-1.parquet", ".gitattributes"]
+    configs = hub.card_configs(README)
+    assert [c["config_name"] for c in configs] == ["default", "math"]
+    assert hub.select_data_files("o/n", files, configs, None, "train") == files[1:3]
+    assert hub.select_data_files("o/n", files, configs, None, "valid") == [files[3]]
+    assert hub.select_data_files("o/n", files, configs, "math", "train") == files[4:6]
+    assert hub.select_data_files("o/n", files, configs, None, "train", "math/*-1.parquet") == [files[5]]
+    with pytest.raises(hub.DataPrepError, match="no subset 'code'"):
+        hub.select_data_files("o/n", files, configs, "code", "train")
+    with pytest.raises(hub.DataPrepError, match="no split 'test'"):
+        hub.select_data_files("o/n", files, configs, "math", "test")
+    # no card configs: the layout decides
+    plain = ["en/train/0.jsonl.zst", "en/test/0.jsonl.zst", "de/train/0.jsonl.zst"]
+    assert hub.select_data_files("o/n", plain, [], "en", "train") == ["en/train/0.jsonl.zst"]
+    assert hub.select_data_files("o/n", ["a/x.parquet", "b/y.parquet"], [], None, "train") == ["a/x.parquet",
+                                                                                                "b/y.parquet"]
+    assert hub.parse_hf_path("hf://nvidia/Nemotron-CC-v2") == ("nvidia/Nemotron-CC-v2", None)
+    assert hub.parse_hf_path("hf://datasets/o/n/data/*.parquet") == ("o/n", "data/*.parquet")

@@ -1,0 +1,101 @@
+"""`executor = "ray"` profiles: data prep submitted to an existing Ray cluster through the Jobs API,
+followed with `nemotron jobs`. A real Ray head on 127.0.0.1 (its own ports), started here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+
+DASHBOARD = 8275
+GCS = 6390
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # job drivers use this Python
+    # ports of its own, so another Ray on this machine (an embedded one of a data-prep run) can't collide
+    agent, grpc, runtime_env, metrics = _free_ports(4)
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
+                             "--node-ip-address=127.0.0.1", f"--port={GCS}", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={DASHBOARD}", f"--dashboard-agent-listen-port={agent}",
+                             f"--dashboard-agent-grpc-port={grpc}", f"--runtime-env-agent-port={runtime_env}",
+                             f"--metrics-export-port={metrics}", f"--temp-dir={tmp}",
+                             "--object-store-memory=200000000", "--disable-usage-stats"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def up() -> bool:  # the dashboard answers (401 without Ray's auth token: it is up)
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{DASHBOARD}/api/version", timeout=1).status == 200
+        except urllib.error.HTTPError as e:
+            return e.code == 401
+        except OSError:
+            return False
+
+    def agent_ready() -> bool:  # the job agent starts after the dashboard; a no-op job proves it
+        from ultra3.launch.ray_jobs import client
+
+        try:
+            client(f"http://127.0.0.1:{DASHBOARD}").submit_job(entrypoint="true")
+            return True
+        except Exception:
+            return False
+
+    try:
+        assert wait_for(up, timeout=180), "the Ray head did not come up"
+        assert wait_for(agent_ready, timeout=240, interval=3), "the Ray head's job agent did not come up"
+        yield f"http://127.0.0.1:{DASHBOARD}"
+    finally:  # --block: SIGTERM drains and stops every process the head started
+        head.send_signal(signal.SIGTERM)
+        head.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_data_prep_on_an_existing_ray_cluster(cli, home, ray_head):
+    with open("env.toml", "a") as f:
+        f.write(f'\n[ray]\nexecutor = "ray"\naddress = "{ray_head}"\n')
+    sub = cli("data", "prep", "pretrain", "-c", "tiny", "--batch", "ray")
+    assert sub.rc == 0, sub.err
+    assert "Ray job on" in sub.out
+    job_id = sub.out.split()[1]
+    status = wait_for(lambda: (r := cli("jobs", "status", job_id, prog="nemotron")).rc == 0 and
+                      ("COMPLETED" in r.out or "FAILED" in r.out) and r, timeout=240, interval=2)
+    assert status and "COMPLETED" in status.out, (status.out if status else "no end state", 
+                                                   cli("jobs", "logs", job_id, prog="nemotron").out[-3000:])
+    assert "[ray]" in status.out
+    logs = cli("jobs", "logs", job_id, prog="nemotron")
+    assert "preflight ok" in logs.out
+    out = next(Path(home).glob(f"nemorun/experiments/ultra3-data-prep-pretrain/{job_id}/data"))
+    assert (out / "blend.json").is_file() and list(out.rglob("*.idx")), sorted(p.name for p in out.rglob("*"))
+
+
+def test_the_ray_executor_refuses_a_training_stage(cli, home):
+    with open("env.toml", "a") as f:
+        f.write('\n[ray]\nexecutor = "ray"\naddress = "http://127.0.0.1:1"\n')
+    r = cli("pretrain", "-c", "tiny", "--batch", "ray")
+    assert r.rc == 2 and r.err_lines == ["error: job.executor: the ray executor runs Ray stages (data prep); submit "
+                                         "`pretrain` with a slurm profile or on this machine"]
