@@ -99,7 +99,12 @@ def _blend_problems(path: str) -> list[str]:
 
 
 def data_prep_packages(cfg: dict) -> str | None:
-    missing = [f"{m} ({err})" for m in ("ray", "tokenizers", "pyarrow", "numpy") if (err := _importable(m))]
+    paths = [str(ds.get("path") or "") for ds in cfg.get("datasets") or []]
+    needed = ["ray", "tokenizers", "pyarrow", "numpy"]
+    needed += ["jinja2"] if "chat_template" in cfg else []
+    needed += ["zstandard"] if any(p.endswith(".zst") for p in paths) else []
+    needed += ["huggingface_hub"] if any(p.startswith("hf://") for p in paths) else []
+    missing = [f"{m} ({err})" for m in needed if (err := _importable(m))]
     if missing:
         return f"not importable: {', '.join(missing)}; install the launcher's `data` extra in the job's Python"
     return None

@@ -174,7 +174,7 @@ TRAINING: Schema = {
 }
 
 # One dataset of a data-prep blend: a local JSONL (.gz/.zst), Parquet, a glob of those, or hf://org/name.
-_DATASET: Schema = {"name": str, "path": str, "weight": float, "split": str, "subset": str}
+_DATASET: Schema = {"name": str, "path": str, "weight": float, "split": str, "subset": str, "revision": str}
 
 _DATA_PREP: Schema = {
     "run": None,
@@ -186,11 +186,16 @@ _DATA_PREP: Schema = {
     "strict": bool,  # bad records are errors instead of counted and skipped
     "workers": int,  # Ray tasks at a time (default: all CPUs)
     "hf_cache_dir": str,  # where hf:// datasets are downloaded first (shared storage)
+    "progress_interval": float,  # seconds between progress lines
+    "object_store_mb": int,  # the embedded Ray's object store
 }
 
 DATA_PREP_PRETRAIN: Schema = {
     **_DATA_PREP,
     "datasets": [{**_DATASET, "text_field": str}],
+    "text_field": str,  # the default of the datasets' text_field
+    "cpus_per_task": int,  # tokenizer threads per shard task
+    "verify": str,  # how finished shards are checked before reuse: size | checksum
     "valid_shards": int,
     "test_shards": int,
     "eod_token": str,
@@ -205,6 +210,8 @@ DATA_PREP_SFT: Schema = {
     "truncate": bool,
     "valid_ratio": float,
     "test_ratio": float,
+    "seed": int,  # shuffles the order of the packs, nothing else
+    "row_group_size": int,  # packs per Parquet row group (default: about 64 MiB)
 }
 
 
