@@ -69,7 +69,10 @@ def ray_across_nodes(cfg: dict, driver: list[str]) -> int:
     head = os.environ.get("ULTRA3_HEAD_NODE") or "127.0.0.1"
     done = os.path.join(cfg["job"]["dir"], "ray-cluster.done")
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # The cluster lives and dies with this allocation: no token (a token file would be a secret in the
+    # shared job dir), and the same setting for the head, the workers, the driver and the wait below.
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    env = dict(os.environ)
     if os.environ.get("SLURM_NODEID", "0") != "0":
         worker = subprocess.Popen([ray, "start", "--block", f"--address={head}:{RAY_PORT}"], env=env)
         while not os.path.exists(done):
