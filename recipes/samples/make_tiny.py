@@ -8,7 +8,8 @@ for this file, so the output is free of third-party text and the same on every m
 * `corpus.jsonl.gz`: ~2,600 short English "stories" (`{"id", "text"}` per line, ~2 MB uncompressed);
 * `encyclopedia.parquet`: ~700 encyclopedia-style entries (`{"id", "title", "content"}`, zstd), a second
   dataset in another format and with another text field, to exercise multi-dataset blends;
-* `tokenizer.json`: a byte-level BPE tokenizer (4,096 tokens, `<|endoftext|>` and `<|pad|>` special)
+* `tokenizer.json`: a byte-level BPE tokenizer (4,096 tokens; `<|endoftext|>`, `<|pad|>` and the chat
+  template's markers special)
   trained on both with Hugging Face `tokenizers`, and `tokenizer_config.json` naming its EOS token as a
   Hugging Face checkpoint does.
 
@@ -78,6 +79,11 @@ lor mar mel mor nor or os pen quin ral ren rod sal sel ston tal tham thor ur vel
 FIELDS = ["astronomy", "botany", "geology", "navigation", "architecture", "music", "medicine", "weaving",
           "agriculture", "mathematics", "history", "chemistry", "cartography", "metallurgy", "poetry"]
 
+
+
+# the markers of recipes/dataprep/templates/nemotron3.jinja, one token each as in the real tokenizer
+CHAT_TOKENS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+               "<tool_response>", "</tool_response>"]
 
 def surname(rng: random.Random) -> str:
     """A made-up family name of 2-3 syllables (thousands of them: enough for a 4k-token BPE to learn)."""
@@ -192,7 +198,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 4096):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>", *CHAT_TOKENS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
