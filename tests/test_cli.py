@@ -87,7 +87,7 @@ def test_data_prep_sft_help(cli):
     r = ok(cli("data", "prep", "sft", "--help"))
     assert r.out.startswith("Usage: ultra3 data prep sft [OPTIONS] [KEY=VALUE]...")
     assert "Configs (-c): default, tiny" in r.out
-    assert "ultra3 data prep sft -c tiny --dry-run" in r.out
+    assert "ultra3 data prep sft -c tiny --sample 100 --force" in r.out and "--sample N" in r.out
     nemotron = ok(cli("ultra3", "data", "prep", "sft", "--help", prog="nemotron"))
     assert nemotron.out.startswith("Usage: nemotron ultra3 data prep sft ")
 
@@ -215,3 +215,14 @@ def test_data_prep_dry_run_shows_the_tokenizer(cli):
     r = ok(cli("data", "prep", "sft", "--batch", "ci", "-d"))
     assert compiled(r.out)["tokenizer"] == "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"
     assert "#SBATCH --account=ultra3" in section(r.out, "sbatch script")
+
+
+def test_data_prep_flags_are_their_config_keys(cli):
+    # `--sample N` is sample=N and `--force` is force=true (NVIDIA's CLI turned `--sample 100` into sample=True)
+    r = ok(cli("data", "prep", "sft", "-c", "tiny", "--sample", "100", "--force", "-d"))
+    assert provenance(r.out)["sample"] == ("100", "command line")
+    assert compiled(r.out)["sample"] == 100 and compiled(r.out)["force"] is True
+    assert ok(cli("data", "prep", "pretrain", "-c", "tiny", "--sample=7", "-d")).out.count("sample: 7") == 1
+    bad = cli("data", "prep", "sft", "-c", "tiny", "--sample", "many", "-d")
+    assert bad.rc == 2 and "'--sample'" in bad.err and len(bad.err_lines) == 1
+    assert cli("pretrain", "-c", "tiny", "--sample", "3", "-d").rc == 2  # a data-prep flag only

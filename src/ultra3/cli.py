@@ -19,7 +19,7 @@ try:  # Typer 0.29+ carries its own copy of click
 except ImportError:  # pragma: no cover
     from click import exceptions as cx
 
-from .stages import STAGES, Stage
+from .stages import STAGES, Flag, Stage
 
 HELP = {"help_option_names": ["-h", "--help"]}
 
@@ -42,14 +42,22 @@ SHARED_OPTIONS = {
 }
 
 
-def _with_shared_options(fn):
-    """Declare SHARED_OPTIONS as keyword parameters of `fn(..., **options)`, where Typer reads them."""
+def _with_shared_options(fn, flags: tuple[Flag, ...] = ()):
+    """Declare SHARED_OPTIONS (and a stage's own flags) as keyword parameters of `fn(..., **options)`,
+    where Typer reads them."""
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    options = {**SHARED_OPTIONS, **{f.key: _flag_option(f) for f in flags}}
     params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
-               for name, (kind, option) in SHARED_OPTIONS.items()]
+               for name, (kind, option) in options.items()]
     fn.__signature__ = sig.replace(parameters=params)
     return fn
+
+
+def _flag_option(flag: Flag):
+    if flag.kind is bool:
+        return bool, typer.Option(False, flag.option, help=flag.help)
+    return Optional[flag.kind], typer.Option(None, flag.option, metavar="N", help=flag.help)
 
 
 class StageCommand(TyperCommand):
@@ -76,7 +84,6 @@ class StageCommand(TyperCommand):
 
 
 def _stage_command(stage: Stage):
-    @_with_shared_options
     def command(
         ctx: typer.Context,
         overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", show_default=False),
@@ -84,10 +91,13 @@ def _stage_command(stage: Stage):
     ) -> None:
         from .run_stage import run_stage
 
-        run_stage(stage, _merge_group_options(ctx, options), list(overrides or []))
+        # a stage flag is its config key set on the command line, after the overrides
+        values = {f.key: options.pop(f.key) for f in stage.flags}
+        given = [f"{key}={str(v).lower()}" for key, v in values.items() if v not in (None, False)]
+        run_stage(stage, _merge_group_options(ctx, options), [*(overrides or []), *given])
 
     command.__doc__ = stage.summary
-    return command
+    return _with_shared_options(command, stage.flags)
 
 
 def _merge_group_options(ctx: typer.Context, given: dict) -> dict:

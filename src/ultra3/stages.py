@@ -12,6 +12,25 @@ Launch = Literal["torchrun", "ray", "process"]
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A stage's own option, a spelling of a config key: `--sample 100` is `sample=100`."""
+
+    key: str
+    kind: type  # int, or bool for a switch
+    help: str
+
+    @property
+    def option(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+DATA_PREP_FLAGS = (
+    Flag("sample", int, "Process only the first N records of each dataset, into <output_dir>/sample-N."),
+    Flag("force", bool, "Redo everything, even finished shards."),
+)
+
+
+@dataclass(frozen=True)
 class Stage:
     words: tuple[str, ...]  # the command path under `ultra3`, e.g. ("data", "prep", "sft")
     summary: str
@@ -21,6 +40,7 @@ class Stage:
     schema: dict  # the typed schema of its config (ultra3.schema)
     validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
     examples: tuple[str, ...] = ()
+    flags: tuple[Flag, ...] = ()  # options of this stage only
 
     @property
     def name(self) -> str:
@@ -61,12 +81,16 @@ STAGES: tuple[Stage, ...] = (
         ("data", "prep", "pretrain"), "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
         "data_prep/pretrain", "data_prep_pretrain.py", "ray", DATA_PREP_PRETRAIN,
         "ultra3.validation.data_prep.validate_data_prep",
-        examples=("ultra3 data prep pretrain -c tiny --dry-run", "ultra3 data prep pretrain --batch mycluster"),
+        examples=("ultra3 data prep pretrain -c tiny", "ultra3 data prep pretrain -c tiny --sample 100",
+                  "ultra3 data prep pretrain --batch mycluster output_dir=/lustre/data/phase1"),
+        flags=DATA_PREP_FLAGS,
     ),
     Stage(
         ("data", "prep", "sft"), "Render, mask and pack SFT conversations into Parquet on Ray.",
         "data_prep/sft", "data_prep_sft.py", "ray", DATA_PREP_SFT,
         "ultra3.validation.data_prep.validate_data_prep",
-        examples=("ultra3 data prep sft -c tiny --dry-run", "ultra3 data prep sft --batch mycluster"),
+        examples=("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
+                  "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft"),
+        flags=DATA_PREP_FLAGS,
     ),
 )
