@@ -2,18 +2,22 @@
 
     python benchmarks/data_prep_pretrain.py [--size-mb 200] [--workers 1 2] [--dir /tmp/u3bench]
                                             [--format jsonl.zst|jsonl|parquet] [--tokenizer PATH]
-                                            [--gigatoken auto|yes|no]
+                                            [--encoder auto|gigatoken|tokenizers] [--gigatoken auto|yes|no]
 
 1. Generates a corpus of --size-mb MB of text (JSONL bytes; the English-like stories of
    recipes/samples/make_tiny.py, seeded) as 8 files in --format, once (kept in --dir for later runs).
 2. Runs the real pipeline (recipes/data_prep_pretrain.py in a subprocess, embedded Ray, 16 shards,
-   `force: true`) once per --workers value; reports wall time, tokens/s, MB/s (corpus bytes / wall) and the
-   peak RSS of the whole run (driver + Ray, summed over its processes, sampled every 0.2 s) and of its
-   largest single process.
-3. Measures the raw encoder on the first 16 MB of the same texts, outside Ray: HF `tokenizers`
-   `encode_batch_fast` on 1 thread and on all threads, and `gigatoken` (`pip install gigatoken`; with
-   --gigatoken auto it is installed into --dir with pip when missing) on 1 and all threads, used only
-   if it reproduces the `tokenizers` ids exactly.
+   `force: true`, `encoder: --encoder`) once per --workers value; reports wall time, tokens/s, MB/s (corpus
+   bytes / wall) and the peak RSS of the whole run (driver + Ray, summed over its processes, sampled every
+   0.2 s) and of its largest single process; and the shard phase alone: from the line saying Ray is up to
+   the last shard done (worker start-up included, Ray start-up and shutdown not).
+3. Runs the same shard tasks without Ray (`shards.write_shard` in 1 process, or a pool of N): the
+   steady-state rate of the hot loop (read, encode, write).
+4. Measures the raw encoder on the first 64 MB (--encoder-mb) of the same texts, outside Ray: HF `tokenizers`
+   `encode_batch_fast` on 1 thread and on all threads, and `gigatoken` (`pip install gigatoken==0.10.0`; with
+   --gigatoken auto it is installed into --dir with pip when missing) on 1 and all threads, both as Python
+   lists (`encode_batch_list`) and as arrays (`encode_batch`, what the pipeline uses), each used only if it
+   reproduces the `tokenizers` ids exactly.
 
 Default tokenizer: the tiny sample's 4k byte-level BPE (recipes/samples/tiny). Real vocabularies (128k+)
 encode at a similar rate per byte with `tokenizers`; the pipeline's overhead beyond the encoder is what
@@ -27,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,29 +96,77 @@ def session_rss(sid: int) -> tuple[int, int]:
     return total, biggest
 
 
-def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, work: Path) -> dict:
+def bench_config(paths: list[Path], tokenizer: str, out: Path, workers: int, encoder: str) -> dict:
+    return {"datasets": [{"name": "bench", "path": str(paths[0].parent / f"part-*.{paths[0].name.split('.', 1)[1]}")}],
+            "tokenizer": tokenizer, "output_dir": str(out), "num_shards": 16, "workers": workers, "force": True,
+            "progress_interval": 10, "encoder": encoder}
+
+
+def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, work: Path, encoder: str) -> dict:
     config = work / f"bench-w{workers}.yaml"
-    cfg = {"datasets": [{"name": "bench", "path": str(paths[0].parent / f"part-*.{paths[0].name.split('.', 1)[1]}")}],
-           "tokenizer": tokenizer, "output_dir": str(out), "num_shards": 16, "workers": workers, "force": True,
-           "progress_interval": 10}
-    config.write_text(json.dumps(cfg))  # JSON is YAML
+    config.write_text(json.dumps(bench_config(paths, tokenizer, out, workers, encoder)))  # JSON is YAML
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     started = time.time()
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=env, cwd=work,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list = []  # (time, line)
+    reader = threading.Thread(target=lambda: lines.extend((time.time(), x) for x in proc.stdout), daemon=True)
+    reader.start()
     peak_sum = peak_one = 0
     while proc.poll() is None:
         total, biggest = session_rss(proc.pid)
         peak_sum, peak_one = max(peak_sum, total), max(peak_one, biggest)
         time.sleep(0.2)
     wall = time.time() - started
-    log = proc.stdout.read()
+    reader.join()
+    log = "".join(x for _, x in lines)
     if proc.returncode != 0:
         raise SystemExit(f"the pipeline failed (rc {proc.returncode}):\n{log[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
+    ray_up = next(t for t, x in lines if "shard(s) to write" in x)
+    last_shard = [t for t, x in lines if x.startswith("progress:")][-1]  # printed as the last shard ends
+    encoder = next((x.split("encoder ", 1)[1].split(";")[0] for _, x in lines if "; encoder " in x), "?")
+    if any(x.startswith("encoder: tokenizers") for _, x in lines):
+        encoder = "tokenizers (fell back)"
     return {"wall": wall, "tokens": manifest["totals"]["tokens"], "docs": manifest["totals"]["docs"],
-            "peak_rss_sum": peak_sum, "peak_rss_one": peak_one, "log": log}
+            "peak_rss_sum": peak_sum, "peak_rss_one": peak_one, "log": log, "shard_phase": last_shard - ray_up,
+            "startup": ray_up - started, "encoder": encoder}
+
+
+def _shard_task(args):
+    from dataprep import shards
+
+    return shards.write_shard(*args)["tokens"]
+
+
+def run_without_ray(paths: list[Path], tokenizer: str, out: Path, workers: int, encoder: str) -> dict:
+    """The pipeline's shard tasks in `workers` processes (no Ray): the steady-state rate of the hot loop."""
+    import multiprocessing
+
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "recipes"))
+    spec = importlib.util.spec_from_file_location("data_prep_pretrain_runtime", SCRIPT)  # not this file
+    pipeline = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    from dataprep import encoders
+    from dataprep import tokenizer as tokenization
+
+    settings = pipeline.parse_settings(bench_config(paths, tokenizer, out, workers, encoder))
+    tok, tok_json = tokenization.load(settings.tokenizer)
+    chosen, _ = encoders.choose(settings.encoder, tok_json)
+    files = pipeline.resolve_files(settings)
+    with pipeline.Cluster() as cluster:  # started only for inputs too big to count here
+        plan = pipeline.make_plan(settings, pipeline.scan_sources(settings, files, {}, cluster), tok)
+    tasks = sorted((t for ts in plan.values() for t in ts), key=lambda t: -t.est_bytes)
+    args = [(t, tok_json, tok.sha256, tok.eod_id, tok.dtype, False, 1, None, chosen) for t in tasks]
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_shard_task, args[:workers])  # start-up and imports, not counted
+        started = time.time()
+        tokens = sum(pool.imap_unordered(_shard_task, args))
+        wall = time.time() - started
+    return {"wall": wall, "tokens": tokens, "encoder": chosen}
 
 
 def sample_texts(paths: list[Path], limit_bytes: int) -> list[str]:
@@ -152,22 +205,41 @@ def encoder_rates(tokenizer_json: str, texts: list[str], mode: str, work: Path) 
     if gt is None:
         rows.append(("gigatoken: not installed (pip install gigatoken), skipped", None, None, None, None))
         return rows
-    g = gt.Tokenizer.from_json(tokenizer_json)
-    for parallel in (False, True):
-        started = time.time()
-        ids = [x for b in batches for x in g.encode_batch_list(b, parallel=parallel)]
-        wall = time.time() - started
-        same = ids == reference
-        n = sum(map(len, ids))
-        label = f"gigatoken {gt.__version__ if hasattr(gt, '__version__') else ''} encode_batch_list, " \
-                f"{'all threads' if parallel else '1 thread'}"
-        if same:
-            rows.append((label + " (ids identical)", wall, n, n / wall, nbytes / wall / 1e6))
-        else:
-            diff = sum(1 for a, b in zip(ids, reference) if a != b)
-            rows.append((label + f": ids differ on {diff:,} of {len(ids):,} docs, rate not used", None, None, None,
-                         None))
+    import awkward  # noqa: F401  (imported by encode_batch on first use: not timed)
+    import numpy as np
+
+    version = getattr(gt, "__version__", None) or _dist_version("gigatoken")
+    want = np.fromiter((i for x in reference for i in x), dtype=np.uint32)
+    for how in ("encode_batch_list", "encode_batch"):
+        for parallel in (False, True):
+            g = gt.Tokenizer.from_json(tokenizer_json).backend  # a fresh one: no cache from the run before
+            started = time.time()
+            if how == "encode_batch_list":
+                ids = [x for b in batches for x in g.encode_batch_list(b, parallel=parallel)]
+                wall = time.time() - started
+                diff = sum(1 for a, b in zip(ids, reference) if a != b)
+                n = sum(map(len, ids))
+            else:  # arrays: the flat ids and offsets of each batch, as the pipeline reads them
+                arrays = [g.encode_batch(b, parallel=parallel).layout for b in batches]
+                got = [np.asarray(a.content.data)[a.offsets[0]:a.offsets[-1]] for a in arrays]
+                wall = time.time() - started
+                n = sum(map(len, got))
+                diff = 0 if np.array_equal(np.concatenate(got), want) else 1
+            label = f"gigatoken {version} {how}, {'all threads' if parallel else '1 thread'}"
+            if diff == 0:
+                rows.append((label + " (ids identical)", wall, n, n / wall, nbytes / wall / 1e6))
+            else:
+                rows.append((label + ": ids differ, rate not used", None, None, None, None))
     return rows
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    try:
+        return version(name)
+    except Exception:
+        return ""
 
 
 def load_gigatoken(mode: str, work: Path):
@@ -183,7 +255,7 @@ def load_gigatoken(mode: str, work: Path):
         target = work / "gigatoken-pkg"
         if not target.exists():
             pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
-                                  "gigatoken"], capture_output=True, text=True)
+                                  "gigatoken==0.10.0"], capture_output=True, text=True)
             if pip.returncode != 0:
                 print(f"pip install gigatoken failed: {pip.stderr.strip().splitlines()[-1:]}", flush=True)
                 return None
@@ -204,8 +276,12 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/u3bench-data-prep")
     parser.add_argument("--format", default="jsonl.zst", choices=("jsonl.zst", "jsonl", "parquet"))
     parser.add_argument("--tokenizer", default=str(REPO / "recipes" / "samples" / "tiny"))
-    parser.add_argument("--gigatoken", default="auto", choices=("auto", "yes", "no"))
-    parser.add_argument("--encoder-mb", type=int, default=16, help="text measured for the raw encoder rates")
+    parser.add_argument("--encoder", default="auto", choices=("auto", "gigatoken", "tokenizers"),
+                        help="the pipeline's encoder key")
+    parser.add_argument("--gigatoken", default="auto", choices=("auto", "yes", "no"),
+                        help="the raw gigatoken rates: measure them (installing it into --dir if missing)")
+    parser.add_argument("--no-ray-runs", action="store_true", help="skip the shard tasks run without Ray")
+    parser.add_argument("--encoder-mb", type=int, default=64, help="text measured for the raw encoder rates")
     args = parser.parse_args()
     work = Path(args.dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -218,10 +294,19 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs; tokenizer {args.tokenizer} (vocab {info.vocab_size:,}, {info.dtype})")
     rows = []
     for workers in args.workers:
-        r = run_pipeline(paths, args.tokenizer, work / f"out-w{workers}", workers, work)
-        rows.append((f"pipeline, {workers} worker(s)", r["wall"], r["tokens"], r["tokens"] / r["wall"],
-                     corpus_bytes / r["wall"] / 1e6, r["peak_rss_sum"], r["peak_rss_one"]))
-        print(f"  {rows[-1][0]}: {r['wall']:.1f} s, {r['docs']:,} docs", flush=True)
+        r = run_pipeline(paths, args.tokenizer, work / f"out-w{workers}", workers, work, args.encoder)
+        rows.append((f"pipeline, {workers} worker(s), encoder {r['encoder']}: end to end", r["wall"], r["tokens"],
+                     r["tokens"] / r["wall"], corpus_bytes / r["wall"] / 1e6, r["peak_rss_sum"], r["peak_rss_one"]))
+        rows.append((f"pipeline, {workers} worker(s): shard phase (Ray up to last shard)", r["shard_phase"],
+                     r["tokens"], r["tokens"] / r["shard_phase"], corpus_bytes / r["shard_phase"] / 1e6, None, None))
+        print(f"  {rows[-2][0]}: {r['wall']:.1f} s ({r['startup']:.1f} s to Ray up, {r['shard_phase']:.1f} s of "
+              f"shards), {r['docs']:,} docs", flush=True)
+    if not args.no_ray_runs:
+        for workers in args.workers:
+            r = run_without_ray(paths, args.tokenizer, work / f"out-noray-w{workers}", workers, args.encoder)
+            rows.append((f"shard tasks without Ray, {workers} process(es), encoder {r['encoder']}", r["wall"],
+                         r["tokens"], r["tokens"] / r["wall"], corpus_bytes / r["wall"] / 1e6, None, None))
+            print(f"  {rows[-1][0]}: {r['wall']:.1f} s", flush=True)
     texts = sample_texts(paths, args.encoder_mb * 1_000_000)
     for row in encoder_rates(tokenizer_json, texts, args.gigatoken, work):
         rows.append((*row, None, None))

@@ -3,8 +3,8 @@
     python recipes/data_prep_pretrain.py --config config.yaml
 
 Started by recipes/launch.py inside the job (after the preflight) with the resolved config; it runs just as
-well by hand. Needs the `data` extra (ray, tokenizers, pyarrow, numpy, zstandard, huggingface_hub) and
-PyYAML; never the launcher.
+well by hand. Needs the `data` extra (ray, tokenizers, gigatoken, pyarrow, numpy, zstandard,
+huggingface_hub) and PyYAML; never the launcher.
 
 Config keys (others, such as `run` and `job`, are ignored):
 
@@ -28,6 +28,10 @@ Config keys (others, such as `run` and `job`, are ignored):
     strict: false        # a bad record stops the run (exit 2)
     workers: null        # most shard tasks at once (default: the cluster's CPUs / cpus_per_task)
     cpus_per_task: 1     # CPUs (tokenizer threads) per shard task
+    encoder: auto        # auto | gigatoken | tokenizers: what computes the token ids (the bytes are the same):
+                         # auto uses gigatoken where it reproduces the ids of `tokenizers` exactly on a
+                         # calibration sample (checked in every shard), else `tokenizers`, with one line saying
+                         # why; gigatoken makes that check an error (exit 2)
     hf_cache_dir: null   # where hf:// datasets and hub tokenizers are downloaded (shared storage on clusters)
     verify: size         # how finished shards are checked before being reused: size | checksum
     progress_interval: 30  # seconds between progress lines
@@ -60,7 +64,7 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from dataprep import blend, inputs, progress, shards  # noqa: E402
+from dataprep import blend, encoders, inputs, progress, shards  # noqa: E402
 from dataprep import tokenizer as tokenization  # noqa: E402
 from dataprep.cluster import Cluster, ClusterError, where  # noqa: E402
 from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
@@ -96,6 +100,7 @@ class Settings:
     strict: bool
     workers: int | None
     cpus_per_task: int
+    encoder: str
     hf_cache_dir: str | None
     verify: str
     progress_interval: float
@@ -174,6 +179,9 @@ def parse_settings(cfg: dict) -> Settings:
     interval = cfg.get("progress_interval", 30)
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
         raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
+    encoder = cfg.get("encoder") or "auto"
+    if encoder not in encoders.MODES:
+        raise DataPrepError(f"encoder must be auto, gigatoken or tokenizers, not {encoder!r}")
     output_dir = _str(cfg, "output_dir", required=True)
     return Settings(
         datasets=datasets,
@@ -188,6 +196,7 @@ def parse_settings(cfg: dict) -> Settings:
         strict=_bool(cfg, "strict"),
         workers=_int(cfg, "workers", None, 1, allow_none=True),
         cpus_per_task=_int(cfg, "cpus_per_task", 1, 1),
+        encoder=encoder,
         hf_cache_dir=_str(cfg, "hf_cache_dir"),
         verify=verify,
         progress_interval=float(interval),
@@ -300,7 +309,7 @@ def config_hash(settings: Settings, tok: tokenization.TokenizerInfo) -> str:
 # ---- running the shards --------------------------------------------------------------------------------
 
 def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, tok_json: str,
-               cluster: Cluster, total_records: int) -> dict:
+               cluster: Cluster, total_records: int, encoder: str) -> dict:
     ray = cluster.start()
     workers = settings.workers or max(1, cluster.cpus // settings.cpus_per_task)
     print(f"{where()}: {cluster.cpus} CPUs; {len(todo)} shard(s) to write, {workers} at a time", flush=True)
@@ -316,7 +325,7 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
             while queue and len(inflight) < workers:
                 task = queue.pop(0)
                 ref = remote.remote(task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict,
-                                    settings.cpus_per_task, board)
+                                    settings.cpus_per_task, board, encoder, settings.encoder == "gigatoken")
                 inflight[ref] = task
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(settings.progress_interval, 1.0))
             for ref in ready:
@@ -325,6 +334,12 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
                     receipts[task.key] = ray.get(ref)
                 except BadRecordError as e:
                     raise BadRecordError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
+                except encoders.EncoderError as e:
+                    raise DataPrepError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
+                why = receipts[task.key].get("_encoder_fallback")
+                if why and encoder != "tokenizers":  # the shards still queued use tokenizers too
+                    encoder = "tokenizers"
+                    print(f"encoder: tokenizers from here on (gigatoken dropped at {task.key}: {why})", flush=True)
             if clock.due() or not (queue or inflight):  # and once at the end
                 records, docs, tokens, nbytes = ray.get(board.totals.remote())
                 print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
@@ -411,6 +426,7 @@ def run(config_path: str) -> int:
     started = time.time()
     settings = parse_settings(load_config(config_path))
     tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
+    encoder, why_not = encoders.choose(settings.encoder, tok_json)
     files = resolve_files(settings)
     out = settings.out
     with Cluster(settings.object_store_mb) as cluster:
@@ -439,7 +455,9 @@ def run(config_path: str) -> int:
                 receipts[t.key] = r
         print(f"{PROG}: {len(settings.datasets)} dataset(s), {len(tasks)} shard(s) ({len(todo)} to write, "
               f"{len(receipts)} done); tokenizer {tok.source} (vocab {tok.vocab_size:,}, EOD {tok.eod_token!r}="
-              f"{tok.eod_id}, {tok.dtype}); output {out}", flush=True)
+              f"{tok.eod_id}, {tok.dtype}); encoder {encoder}; output {out}", flush=True)
+        if why_not:
+            print(f"encoder: tokenizers ({why_not})", flush=True)
         tokens_written = 0
         if todo:
             for name in ("blend.json", "manifest.json"):  # stale until this run ends
@@ -447,7 +465,7 @@ def run(config_path: str) -> int:
                     os.unlink(os.path.join(out, name))
             for t in todo:
                 shards.invalidate(t)
-            written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo))
+            written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
             tokens_written = sum(r["tokens"] for r in written.values())
             receipts.update(written)
         cluster.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -36,7 +37,7 @@ SCRIPT = REPO / "recipes" / "data_prep_pretrain.py"
 TINY = REPO / "recipes" / "samples" / "tiny"
 sys.path.insert(0, str(REPO / "recipes"))
 
-from dataprep import hub, indexed  # noqa: E402
+from dataprep import encoders, hub, indexed, shards  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
@@ -267,6 +268,121 @@ def test_sample_goes_to_its_own_dir_and_leaves_the_full_output_alone(tiny_run, r
     assert seqs == want
 
 
+# ---- encoders: gigatoken where it gives the same ids, tokenizers elsewhere ---------------------------------
+
+def shard_hashes(root: Path) -> dict:
+    return {k: v for k, v in file_hashes(root).items() if k.endswith((".bin", ".idx"))}
+
+
+def test_auto_picks_gigatoken_and_writes_the_bytes_tokenizers_writes(tiny_run, ray_cluster, tmp_path):
+    pytest.importorskip("gigatoken")
+    out, r, _ = tiny_run  # encoder: auto (the default)
+    assert r.rc == 0, r.err
+    assert "; encoder gigatoken;" in r.out and "encoder: tokenizers" not in r.out, r.out
+    ref = prep(tiny_config(tmp_path / "out", workers=2, encoder="tokenizers"), tmp_path, env=ray_cluster)
+    assert ref.rc == 0, ref.err
+    assert "; encoder tokenizers;" in ref.out
+    want = shard_hashes(tmp_path / "out")
+    assert len(want) == 16  # 2 datasets x 4 shards x (.bin, .idx)
+    assert shard_hashes(out) == want
+    assert file_hashes(out) == file_hashes(tmp_path / "out")  # receipts and manifest too
+
+
+def dropout_tokenizer(directory: Path) -> Path:
+    """The tiny tokenizer with BPE dropout 1.0: `tokenizers` drops every merge (deterministically: all bytes),
+    gigatoken loads it but ignores dropout, so it cannot reproduce the ids."""
+    directory.mkdir()
+    config = json.loads((TINY / "tokenizer.json").read_text())
+    config["model"]["dropout"] = 1.0
+    (directory / "tokenizer.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_a_tokenizer_gigatoken_cannot_reproduce_falls_back_with_one_line(ray_cluster, tmp_path):
+    pytest.importorskip("gigatoken")
+    tokenizer = dropout_tokenizer(tmp_path / "tok")
+    cfg = {"datasets": [{"name": "stories", "path": str(TINY / "corpus.jsonl.gz")}], "tokenizer": str(tokenizer),
+           "output_dir": str(tmp_path / "out"), "num_shards": 2, "sample": 60, "object_store_mb": 100}
+    r = prep(cfg, tmp_path, env=ray_cluster)
+    assert r.rc == 0, r.err
+    why = [line for line in r.out.splitlines() if line.startswith("encoder:")]
+    assert len(why) == 1 and why[0].startswith("encoder: tokenizers (gigatoken's ids differ from tokenizers' on "), \
+        r.out
+    assert "; encoder tokenizers;" in r.out
+    manifest = json.loads((tmp_path / "out" / "sample-60" / "manifest.json").read_text())
+    got = [seq for s in manifest["datasets"][0]["shards"]
+           for seq in megatron_sequences(tmp_path / "out" / "sample-60" / s["prefix"])[1]]
+    want = expected_tokens(tokenizer / "tokenizer.json", read_docs(TINY / "corpus.jsonl.gz", "text")[:60], 0)
+    assert got == want
+    assert max(map(len, want)) > 100  # all bytes: nothing merged
+
+    forced = prep({**cfg, "encoder": "gigatoken", "output_dir": str(tmp_path / "forced")}, tmp_path)
+    assert forced.rc == 2, (forced.out, forced.err)
+    lines = forced.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ultra3 data prep pretrain: error: encoder: gigatoken cannot be "
+                                                   "used: gigatoken's ids differ"), forced.err
+    assert not (tmp_path / "forced").exists()
+
+
+def _small_task(tmp_path: Path, texts: list[str]) -> tuple:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    from dataprep import inputs
+
+    source = inputs.scan(str(corpus), "jsonl", "text")
+    tok_json = (TINY / "tokenizer.json").read_text()
+    sha = hashlib.sha256(tok_json.encode()).hexdigest()
+    task = shards.plan_dataset("d", str(tmp_path / "out"), "text", [source], 1, sha, 0, "uint16")[0]
+    return task, tok_json, sha
+
+
+def test_a_shard_whose_sample_gigatoken_gets_wrong_falls_back_to_tokenizers(tmp_path, monkeypatch):
+    """The check inside a shard task: gigatoken made to get one word wrong; that shard is written with
+    tokenizers (the same bytes), or under `encoder: gigatoken` not at all."""
+    pytest.importorskip("gigatoken")
+    docs = read_docs(TINY / "corpus.jsonl.gz", "text")[:300]
+    docs[7] += " zebra"
+    task, tok_json, sha = _small_task(tmp_path, docs)
+    reference = shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="tokenizers")
+    want = shard_hashes(tmp_path / "out")
+    good = shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="gigatoken")
+    assert good["_encoder"] == "gigatoken" and good["_encoder_fallback"] is None
+    assert shard_hashes(tmp_path / "out") == want and good["bin"] == reference["bin"]
+
+    real = encoders.GigatokenEncoder.ids
+
+    def wrong_on_zebra(self, texts):
+        flat, counts = real(self, texts)
+        if any("zebra" in t for t in texts):
+            flat = flat.copy()
+            flat[-1] ^= 1
+        return flat, counts
+
+    monkeypatch.setattr(encoders.GigatokenEncoder, "ids", wrong_on_zebra)
+    monkeypatch.setattr(encoders, "_CACHE", {})
+    fell_back = shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="gigatoken")
+    assert fell_back["_encoder"] == "tokenizers"
+    assert fell_back["_encoder_fallback"].startswith("on this shard's calibration sample, gigatoken's ids differ")
+    assert shard_hashes(tmp_path / "out") == want
+    with pytest.raises(encoders.EncoderError, match="gigatoken cannot be used"):
+        shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="gigatoken", encoder_required=True)
+    assert not (tmp_path / "out" / "shard_000000.json").exists()  # the receipt went first
+    assert not [p for p in (tmp_path / "out").iterdir() if ".tmp-" in p.name]
+
+
+def test_encoders_agree_on_the_calibration_strings():
+    pytest.importorskip("gigatoken")
+    tok_json = (TINY / "tokenizer.json").read_text()
+    texts = encoders.tricky_texts(tok_json)
+    assert any("<|im_start|>" in t for t in texts)  # the added tokens' text
+    want = encoders.HFEncoder(tok_json).encode(texts, 0, np.dtype("uint16"))
+    got = encoders.GigatokenEncoder(tok_json).encode(texts, 0, np.dtype("uint16"))
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    assert want[0].dtype == np.uint16 and want[1].sum() == want[0].size and (want[0][np.cumsum(want[1]) - 1] == 0).all()
+    assert encoders.choose("auto", tok_json) == ("gigatoken", None)
+    assert encoders.choose("tokenizers", tok_json) == ("tokenizers", None)
+
+
 # ---- dtype -----------------------------------------------------------------------------------------------
 
 def big_vocab_tokenizer(path: Path, words: int = 70_000) -> Path:
@@ -290,6 +406,8 @@ def test_big_vocab_gives_int32_then_reuse_then_force(ray_cluster, tmp_path):
            "output_dir": str(tmp_path / "out"), "num_shards": 2, "object_store_mb": 100}
     r = prep(cfg, tmp_path, env=ray_cluster)
     assert r.rc == 0, r.err
+    if importlib.util.find_spec("gigatoken"):  # a WordLevel model: gigatoken encodes BPE only
+        assert "encoder: tokenizers (gigatoken cannot load this tokenizer (" in r.out, r.out
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["tokenizer"]["dtype"] == "int32" and manifest["tokenizer"]["eod_id"] == 1
     got = []
@@ -403,6 +521,7 @@ def _garbage_tokenizer(tmp: Path) -> str:
     ("empty_corpus", "empty corpus"),
     ("blank_corpus", "empty corpus"),
     ("parquet_without_field", "has no column 'body'"),
+    ("bad_encoder", "encoder must be auto, gigatoken or tokenizers, not 'fast'"),
 ])
 def test_input_errors_are_one_line_exit_2_and_write_nothing(case, expect, tmp_path):
     out = tmp_path / "out"
@@ -425,6 +544,8 @@ def test_input_errors_are_one_line_exit_2_and_write_nothing(case, expect, tmp_pa
         cfg["datasets"] = [{"name": "a", "path": good}, {"name": "b", "path": str(tmp_path / "blank.jsonl.gz")}]
     elif case == "parquet_without_field":
         cfg["datasets"] = [{"name": "e", "path": str(TINY / "encyclopedia.parquet"), "text_field": "body"}]
+    elif case == "bad_encoder":
+        cfg["encoder"] = "fast"
     r = prep(cfg, tmp_path, timeout=60)
     assert r.rc == 2, (r.out, r.err)
     lines = r.err.splitlines()

@@ -4,6 +4,7 @@ followed with `nemotron jobs`. A real Ray head on 127.0.0.1 (its own ports), sta
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -35,6 +36,14 @@ def _free_ports(n: int) -> list[int]:
 @pytest.fixture(scope="module")
 def ray_head():
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
+    # token authentication (Ray's default) with a token of its own, so no other Ray on this machine
+    # (whose ray.init writes ~/.ray/auth_token) can change it; the CLI finds it through the environment
+    token = Path(tmp, "auth_token")
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # job drivers use this Python
@@ -67,12 +76,23 @@ def ray_head():
 
     try:
         assert wait_for(up, timeout=180), "the Ray head did not come up"
-        assert wait_for(agent_ready, timeout=240, interval=3), "the Ray head's job agent did not come up"
+        assert wait_for(agent_ready, timeout=240, interval=3), \
+            f"the Ray head's job agent did not come up:\n{_agent_log(tmp)}"
         yield f"http://127.0.0.1:{DASHBOARD}"
     finally:  # --block: SIGTERM drains and stops every process the head started
         head.send_signal(signal.SIGTERM)
         head.wait(timeout=60)
         shutil.rmtree(tmp, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _agent_log(tmp: str) -> str:
+    logs = sorted(Path(tmp).glob("session_*/logs/dashboard_agent.log"))
+    return "\n".join(logs[-1].read_text().splitlines()[-15:]) if logs else "(no agent log)"
 
 
 def test_data_prep_on_an_existing_ray_cluster(cli, home, ray_head):

@@ -5,8 +5,9 @@ cut into `num_shards` contiguous ranges of (nearly) equal record counts: shard i
 [i*N // n, (i+1)*N // n). The plan is a function of the input files and the config only, never of the
 number of workers or their timing, so every run writes the same bytes.
 
-Shard. `write_shard` reads its records, tokenizes them, appends EOD and writes `shard_NNNNNN.bin/.idx`
-under temporary names (`*.tmp-<random>`), fsyncs, renames them to their final names, and only then
+Shard. `write_shard` reads its records, tokenizes them in batches (encoders.py: gigatoken where it
+reproduces `tokenizers` exactly, else `tokenizers`; the same bytes either way), appends EOD and writes
+`shard_NNNNNN.bin/.idx` (numpy arrays, one write per batch) under temporary names (`*.tmp-<random>`), fsyncs, renames them to their final names, and only then
 writes the receipt `shard_NNNNNN.json` (again tmp + rename). No shard is visible under its final name
 half-written, and a shard without a valid receipt is written again from scratch.
 
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from . import encoders
 from .indexed import IndexedWriter
 from .inputs import BadRecords, read_texts
 
@@ -202,19 +204,6 @@ def invalidate(task: ShardTask) -> None:
 
 # ---- the work ------------------------------------------------------------------------------------------
 
-_TOKENIZERS: dict = {}
-
-
-def _tokenizer(text: str, sha: str):
-    tok = _TOKENIZERS.get(sha)
-    if tok is None:
-        from tokenizers import Tokenizer
-
-        _TOKENIZERS.clear()
-        tok = _TOKENIZERS[sha] = Tokenizer.from_str(text)
-    return tok
-
-
 def _batches(task: ShardTask, bad: BadRecords):
     texts, size = [], 0
     for piece in task.pieces:
@@ -228,22 +217,18 @@ def _batches(task: ShardTask, bad: BadRecords):
         yield texts, size
 
 
-def encode(tok, texts: list[str], eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of `texts` back to back, each followed by EOD, and each document's length."""
-    ids = [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(x, (eod_id,)) for x in ids),
-                       dtype=dtype, count=int(lengths.sum()))
-    return flat, lengths
-
-
 def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id: int, dtype: str,
-                strict: bool = False, threads: int = 1, progress=None) -> dict:
-    """Tokenize one shard into its .bin/.idx and write its receipt; returns the receipt."""
+                strict: bool = False, threads: int = 1, progress=None, encoder: str = "tokenizers",
+                encoder_required: bool = False) -> dict:
+    """Tokenize one shard into its .bin/.idx and write its receipt; returns the receipt.
+
+    `encoder`: "gigatoken" (checked against `tokenizers` on the shard's first documents first: on a
+    mismatch the shard is encoded with `tokenizers`, or with `encoder_required` an EncoderError) or
+    "tokenizers". The bytes are the same either way."""
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     os.environ.setdefault("RAYON_NUM_THREADS", str(max(threads, 1)))
     started = time.time()
-    tok = _tokenizer(tokenizer_json, tokenizer_sha)
+    enc = encoders.ShardEncoder(encoder, tokenizer_json, tokenizer_sha, threads, encoder_required)
     np_dtype = np.dtype(dtype)
     os.makedirs(task.directory, exist_ok=True)
     invalidate(task)
@@ -255,7 +240,7 @@ def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
     read_bytes, last = 0, time.time()
     try:
         for texts, size in _batches(task, bad):
-            writer.add(*encode(tok, texts, eod_id, np_dtype))
+            writer.add(*enc.encode(texts, eod_id, np_dtype))
             read_bytes += size
             if progress is not None and time.time() - last >= PROGRESS_EVERY_S:
                 progress.update.remote(task.key, writer.docs + bad.total, writer.docs, writer.tokens, read_bytes)
@@ -286,5 +271,8 @@ def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
     write_json(receipt_path(task), receipt)
     if progress is not None:
         progress.update.remote(task.key, task.records, stats["docs"], stats["tokens"], read_bytes)
-    receipt["_seconds"] = round(time.time() - started, 3)  # returned to the driver only, not written
+    # returned to the driver only, not written (the bytes do not depend on the encoder)
+    receipt["_seconds"] = round(time.time() - started, 3)
+    receipt["_encoder"] = enc.name
+    receipt["_encoder_fallback"] = enc.fallback
     return receipt

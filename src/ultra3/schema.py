@@ -195,6 +195,7 @@ DATA_PREP_PRETRAIN: Schema = {
     "datasets": [{**_DATASET, "text_field": str}],
     "text_field": str,  # the default of the datasets' text_field
     "cpus_per_task": int,  # tokenizer threads per shard task
+    "encoder": str,  # what computes the token ids (same bytes either way): auto | gigatoken | tokenizers
     "verify": str,  # how finished shards are checked before reuse: size | checksum
     "valid_shards": int,
     "test_shards": int,
