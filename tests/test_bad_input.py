@@ -212,8 +212,10 @@ CASES = [
     Case("flag-unknown-nemotron", ["ultra3", "pretrain", "-c", "tiny", "--foo"],
          [r"No such option: --foo \(see 'nemotron ultra3 pretrain --help'\)$"], prog="nemotron"),
     # NVIDIA's CLI turns `--sample 100` into sample=True: here it is refused
-    Case("flag-passthrough-sample", ["data", "prep", "pretrain", "-c", "tiny", "--sample", "100"],
-         [r"No such option: --sample \(see 'ultra3 data prep pretrain --help'\)$"]),
+    Case("flag-data-prep-only", ["pretrain", "-c", "tiny", "--sample", "100"],
+         [r"No such option: --sample \(see 'ultra3 pretrain --help'\)$"]),
+    Case("flag-sample-without-value", ["data", "prep", "pretrain", "-c", "tiny", "--sample"],
+         [r"Option '--sample' requires an argument\.$"]),
     Case("flag-unknown-stage", ["pretrian", "-c", "tiny"], [r"No such command 'pretrian'\. Did you mean 'pretrain'\?"]),
     Case("flag-run-without-value", ["pretrain", "-c", "tiny", "--run"], [r"Option '--run' requires an argument\.$"]),
     Case("flag-batch-without-value-short", ["-c", "tiny", "pretrain", "-b"], [r"Option '-b' requires an argument\.$"]),
