@@ -68,6 +68,7 @@ from dataprep import blend, encoders, inputs, progress, shards  # noqa: E402
 from dataprep import tokenizer as tokenization  # noqa: E402
 from dataprep.cluster import Cluster, ClusterError, where  # noqa: E402
 from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
+from dataprep.settings import int_value, load_config, resolve_files, str_value  # noqa: E402
 
 PROG = "ultra3 data prep pretrain"
 MANIFEST_FORMAT = "ultra3-pretrain-data/1"
@@ -111,15 +112,6 @@ class Settings:
         return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
 
 
-def _int(cfg: dict, key: str, default, low: int, allow_none: bool = False):
-    value = cfg.get(key, default)
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise DataPrepError(f"{key} must be an integer >= {low}{' or null' if allow_none else ''}, not {value!r}")
-    return value
-
-
 def _bool(cfg: dict, key: str) -> bool:
     value = cfg.get(key, False)
     if value is None:
@@ -129,21 +121,10 @@ def _bool(cfg: dict, key: str) -> bool:
     return value
 
 
-def _str(cfg: dict, key: str, default=None, required: bool = False) -> str | None:
-    value = cfg.get(key, default)
-    if value is None or value == "":
-        if required:
-            raise DataPrepError(f"{key} is not set")
-        return None
-    if not isinstance(value, str):
-        raise DataPrepError(f"{key} must be a string, not {value!r}")
-    return value
-
-
 def parse_settings(cfg: dict) -> Settings:
     if not isinstance(cfg, dict):
         raise DataPrepError("the config is not a mapping")
-    default_field = _str(cfg, "text_field", "text") or "text"
+    default_field = str_value(cfg, "text_field", "text") or "text"
     raw = cfg.get("datasets")
     if not raw or not isinstance(raw, list):
         raise DataPrepError("datasets is empty: list the corpora to tokenize ({name, path, weight, text_field})")
@@ -182,63 +163,29 @@ def parse_settings(cfg: dict) -> Settings:
     encoder = cfg.get("encoder") or "auto"
     if encoder not in encoders.MODES:
         raise DataPrepError(f"encoder must be auto, gigatoken or tokenizers, not {encoder!r}")
-    output_dir = _str(cfg, "output_dir", required=True)
+    output_dir = str_value(cfg, "output_dir", required=True)
     return Settings(
         datasets=datasets,
-        tokenizer=_str(cfg, "tokenizer", required=True),
-        eod_token=_str(cfg, "eod_token"),
+        tokenizer=str_value(cfg, "tokenizer", required=True),
+        eod_token=str_value(cfg, "eod_token"),
         output_dir=os.path.abspath(os.path.expanduser(output_dir)),
-        num_shards=_int(cfg, "num_shards", 8, 1),
-        valid_shards=_int(cfg, "valid_shards", 1, 0),
-        test_shards=_int(cfg, "test_shards", 1, 0),
-        sample=_int(cfg, "sample", None, 1, allow_none=True),
+        num_shards=int_value(cfg, "num_shards", 8, 1),
+        valid_shards=int_value(cfg, "valid_shards", 1, 0),
+        test_shards=int_value(cfg, "test_shards", 1, 0),
+        sample=int_value(cfg, "sample", None, 1, allow_none=True),
         force=_bool(cfg, "force"),
         strict=_bool(cfg, "strict"),
-        workers=_int(cfg, "workers", None, 1, allow_none=True),
-        cpus_per_task=_int(cfg, "cpus_per_task", 1, 1),
+        workers=int_value(cfg, "workers", None, 1, allow_none=True),
+        cpus_per_task=int_value(cfg, "cpus_per_task", 1, 1),
         encoder=encoder,
-        hf_cache_dir=_str(cfg, "hf_cache_dir"),
+        hf_cache_dir=str_value(cfg, "hf_cache_dir"),
         verify=verify,
         progress_interval=float(interval),
-        object_store_mb=_int(cfg, "object_store_mb", 256, 80),
+        object_store_mb=int_value(cfg, "object_store_mb", 256, 80),
     )
 
 
-def load_config(path: str) -> dict:
-    try:
-        import yaml
-    except ImportError:
-        raise DataPrepError(f"PyYAML is not installed in this Python ({sys.executable})") from None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f) or {}
-    except OSError as e:
-        raise DataPrepError(f"config {path} is not readable ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise DataPrepError(f"config {path} is not valid YAML ({str(e).splitlines()[0]})") from None
-
-
 # ---- inputs and plan -----------------------------------------------------------------------------------
-
-def resolve_files(settings: Settings) -> dict:
-    """{dataset name: ([(path, format)], hub provenance or None)}; local paths are checked before anything
-    is downloaded."""
-    found: dict = {}
-    for d in settings.datasets:
-        if d.path.startswith("hf://"):
-            continue
-        paths = inputs.expand(d.path)
-        if not paths:
-            raise DataPrepError(f"dataset {d.name}: {d.path} matches no input file")
-        found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], None)
-    for d in settings.datasets:
-        if d.path.startswith("hf://"):
-            from dataprep import hub
-
-            paths, provenance = hub.resolve_dataset(d.path, d.split, d.subset, d.revision, settings.hf_cache_dir)
-            found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], provenance)
-    return {d.name: found[d.name] for d in settings.datasets}
-
 
 def read_plan_cache(out: str) -> dict:
     try:

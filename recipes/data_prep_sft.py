@@ -71,6 +71,7 @@ from dataprep import sft_output as out_
 from dataprep import tokenizer as tokenization
 from dataprep.cluster import Cluster, ClusterError, where
 from dataprep.errors import BadRecordError, DataPrepError
+from dataprep.settings import int_value, load_config, resolve_files, str_value
 
 PROG = "ultra3 data prep sft"
 FORMAT = "ultra3-sft-packed-parquet/1"
@@ -121,15 +122,6 @@ class Settings:
 
 # ---- config --------------------------------------------------------------------------------------------
 
-def _int(cfg: dict, key: str, default, low: int, allow_none: bool = False):
-    value = cfg.get(key, default)
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise DataPrepError(f"{key} must be an integer >= {low}{' or null' if allow_none else ''}, not {value!r}")
-    return value
-
-
 def _bool(cfg: dict, key: str, default: bool) -> bool:
     value = cfg.get(key, default)
     if value is None:
@@ -146,17 +138,6 @@ def _ratio(cfg: dict, key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise DataPrepError(f"{key} must be a number in [0, 1), not {value!r}")
     return float(value)
-
-
-def _str(cfg: dict, key: str, default=None, required: bool = False) -> str | None:
-    value = cfg.get(key, default)
-    if value is None or value == "":
-        if required:
-            raise DataPrepError(f"{key} is not set")
-        return None
-    if not isinstance(value, str):
-        raise DataPrepError(f"{key} must be a string, not {value!r}")
-    return value
 
 
 def parse_settings(cfg: dict) -> Settings:
@@ -193,8 +174,8 @@ def parse_settings(cfg: dict) -> Settings:
     pack_size = cfg.get("pack_size")
     if pack_size is None:
         raise DataPrepError("pack_size is not set (tokens per pack: the training sequence length)")
-    pack_size = _int(cfg, "pack_size", None, 2)
-    mult = _int(cfg, "pad_seq_to_mult", 1, 1)
+    pack_size = int_value(cfg, "pack_size", None, 2)
+    mult = int_value(cfg, "pad_seq_to_mult", 1, 1)
     if pack_size % mult:
         raise DataPrepError(f"pack_size {pack_size} is not a multiple of pad_seq_to_mult {mult}")
     valid, test = _ratio(cfg, "valid_ratio", 0.01), _ratio(cfg, "test_ratio", 0.01)
@@ -208,61 +189,27 @@ def parse_settings(cfg: dict) -> Settings:
         raise DataPrepError(f"seed must be an integer >= 0, not {seed!r}")
     return Settings(
         datasets=datasets,
-        tokenizer=_str(cfg, "tokenizer", required=True),
-        chat_template=_str(cfg, "chat_template", "nemotron3") or "nemotron3",
-        output_dir=os.path.abspath(os.path.expanduser(_str(cfg, "output_dir", required=True))),
+        tokenizer=str_value(cfg, "tokenizer", required=True),
+        chat_template=str_value(cfg, "chat_template", "nemotron3") or "nemotron3",
+        output_dir=os.path.abspath(os.path.expanduser(str_value(cfg, "output_dir", required=True))),
         pack_size=pack_size,
         pad_seq_to_mult=mult,
         truncate=_bool(cfg, "truncate", True),
         valid_ratio=valid,
         test_ratio=test,
-        num_shards=_int(cfg, "num_shards", 128, 1),
-        sample=_int(cfg, "sample", None, 1, allow_none=True),
+        num_shards=int_value(cfg, "num_shards", 128, 1),
+        sample=int_value(cfg, "sample", None, 1, allow_none=True),
         force=_bool(cfg, "force", False),
         strict=_bool(cfg, "strict", False),
-        workers=_int(cfg, "workers", None, 1, allow_none=True),
+        workers=int_value(cfg, "workers", None, 1, allow_none=True),
         seed=seed,
-        row_group_size=_int(cfg, "row_group_size", None, 1, allow_none=True),
-        hf_cache_dir=_str(cfg, "hf_cache_dir"),
+        row_group_size=int_value(cfg, "row_group_size", None, 1, allow_none=True),
+        hf_cache_dir=str_value(cfg, "hf_cache_dir"),
         progress_interval=float(interval),
     )
 
 
-def load_config(path: str) -> dict:
-    try:
-        import yaml
-    except ImportError:
-        raise DataPrepError(f"PyYAML is not installed in this Python ({sys.executable})") from None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f) or {}
-    except OSError as e:
-        raise DataPrepError(f"config {path} is not readable ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise DataPrepError(f"config {path} is not valid YAML ({str(e).splitlines()[0]})") from None
-
-
 # ---- inputs and plan -----------------------------------------------------------------------------------
-
-def resolve_files(settings: Settings) -> dict:
-    """{dataset name: ([(path, format)], hub provenance or None)}; local paths are checked before anything
-    is downloaded."""
-    found: dict = {}
-    for d in settings.datasets:
-        if d.path.startswith("hf://"):
-            continue
-        paths = inputs.expand(d.path)
-        if not paths:
-            raise DataPrepError(f"dataset {d.name}: {d.path} matches no input file")
-        found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], None)
-    for d in settings.datasets:
-        if d.path.startswith("hf://"):
-            from dataprep import hub
-
-            paths, provenance = hub.resolve_dataset(d.path, d.split, d.subset, d.revision, settings.hf_cache_dir)
-            found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], provenance)
-    return {d.name: found[d.name] for d in settings.datasets}
-
 
 def scan_sources(settings: Settings, files: dict) -> dict:
     """{dataset name: [{path, format, fingerprint, records}]}, counting only as far as a sample reaches."""
