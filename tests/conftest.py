@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -119,3 +120,14 @@ def wait_for(predicate, timeout: float = 60, interval: float = 0.5):
         if value or time.time() > deadline:
             return value
         time.sleep(interval)
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports free on 127.0.0.1 right now (for servers a test starts)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

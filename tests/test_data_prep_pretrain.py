@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from conftest import free_ports
 
 pytest.importorskip("ray")
 pytest.importorskip("tokenizers")
@@ -101,16 +102,6 @@ def wait_session_gone(sid: int, timeout: float = 20) -> list[str]:
     while (left := session_processes(sid)) and time.time() < deadline:
         time.sleep(0.2)
     return left
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,20 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import free_ports, wait_for
 
 DASHBOARD = 8275
 GCS = 6390
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +37,7 @@ def ray_head():
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # job drivers use this Python
     # ports of its own, so another Ray on this machine (an embedded one of a data-prep run) can't collide
-    agent, grpc, runtime_env, metrics = _free_ports(4)
+    agent, grpc, runtime_env, metrics = free_ports(4)
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
                              "--node-ip-address=127.0.0.1", f"--port={GCS}", "--dashboard-host=127.0.0.1",
                              f"--dashboard-port={DASHBOARD}", f"--dashboard-agent-listen-port={agent}",
@@ -66,13 +55,10 @@ def ray_head():
             return False
 
     def agent_ready() -> bool:  # the job agent starts after the dashboard; a no-op job proves it
-        from ultra3.launch.ray_jobs import client
-
-        try:
-            client(f"http://127.0.0.1:{DASHBOARD}").submit_job(entrypoint="true")
-            return True
-        except Exception:
-            return False
+        # in a fresh interpreter, as the CLI runs: Ray caches its auth token per process
+        probe = ("from ultra3.launch.ray_jobs import client; "
+                 f"client('http://127.0.0.1:{DASHBOARD}').submit_job(entrypoint='true')")
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
     try:
         assert wait_for(up, timeout=180), "the Ray head did not come up"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import chat
-from .inputs import PARQUET, BadRecords, open_binary
+from .inputs import PARQUET, BadRecords, open_binary, row_groups
 from .shards import tmp_name
 
 BATCH = 256  # conversations per encode_batch call
@@ -85,13 +85,7 @@ def _parquet_records(piece: Piece):
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(piece.file)
-    groups, first, offset = [], None, 0
-    for g in range(pf.metadata.num_row_groups):
-        rows = pf.metadata.row_group(g).num_rows
-        if offset + rows > piece.start and offset < piece.end:
-            groups.append(g)
-            first = offset if first is None else first
-        offset += rows
+    groups, first = row_groups(pf, piece.start, piece.end)
     if not groups:
         return
     row = first

@@ -222,14 +222,7 @@ def _parquet_texts(path: str, text_field: str, start: int, end: int,
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
-    groups, first = [], None
-    offset = 0
-    for g in range(pf.metadata.num_row_groups):
-        rows = pf.metadata.row_group(g).num_rows
-        if offset + rows > start and offset < end:
-            groups.append(g)
-            first = offset if first is None else first
-        offset += rows
+    groups, first = row_groups(pf, start, end)
     if not groups:
         return
     row = first
@@ -263,3 +256,15 @@ def scan(path: str, fmt: str, text_field: str, cached: dict | None = None, limit
             return {**entry, "records": limit, "exhaustive": False}
     n, full = count_records(path, fmt, text_field, limit)
     return {**entry, "records": n, "exhaustive": full}
+
+
+def row_groups(pf, start: int, end: int) -> tuple[list[int], int | None]:
+    """The row groups of a ParquetFile that hold rows [start, end), and the first row of the first one."""
+    groups, first, offset = [], None, 0
+    for g in range(pf.metadata.num_row_groups):
+        rows = pf.metadata.row_group(g).num_rows
+        if offset + rows > start and offset < end:
+            groups.append(g)
+            first = offset if first is None else first
+        offset += rows
+    return groups, first
