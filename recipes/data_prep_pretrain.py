@@ -56,7 +56,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -68,11 +67,10 @@ from dataprep import blend, encoders, inputs, progress, shards  # noqa: E402
 from dataprep import tokenizer as tokenization  # noqa: E402
 from dataprep.cluster import Cluster, ClusterError, where  # noqa: E402
 from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
-from dataprep.settings import int_value, load_config, resolve_files, str_value  # noqa: E402
+from dataprep.settings import dataset_entries, int_value, load_config, resolve_files, str_value  # noqa: E402
 
 PROG = "ultra3 data prep pretrain"
 MANIFEST_FORMAT = "ultra3-pretrain-data/1"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SCAN_LOCAL_BYTES = 256 << 20  # inputs up to this size are counted in the driver, bigger ones on Ray
 
 
@@ -125,35 +123,8 @@ def parse_settings(cfg: dict) -> Settings:
     if not isinstance(cfg, dict):
         raise DataPrepError("the config is not a mapping")
     default_field = str_value(cfg, "text_field", "text") or "text"
-    raw = cfg.get("datasets")
-    if not raw or not isinstance(raw, list):
-        raise DataPrepError("datasets is empty: list the corpora to tokenize ({name, path, weight, text_field})")
-    datasets, seen = [], set()
-    for i, d in enumerate(raw):
-        if not isinstance(d, dict):
-            raise DataPrepError(f"datasets[{i}] must be a mapping with name and path, not {d!r}")
-        unknown = set(d) - {"name", "path", "text_field", "weight", "split", "subset", "revision"}
-        if unknown:
-            raise DataPrepError(f"datasets[{i}] has unknown key(s) {', '.join(sorted(unknown))} (known: name, path, "
-                                "text_field, weight, split, subset, revision)")
-        name = d.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise DataPrepError(f"datasets[{i}].name must be letters, digits, '.', '_' or '-', not {name!r}")
-        if name in seen:
-            raise DataPrepError(f"datasets[{i}].name {name!r} is used twice")
-        seen.add(name)
-        path = d.get("path")
-        if not isinstance(path, str) or not path:
-            raise DataPrepError(f"dataset {name}: path is not set")
-        weight = d.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise DataPrepError(f"dataset {name}: weight must be a number > 0, not {weight!r}")
-        text_field = d.get("text_field") or default_field
-        for key in ("text_field", "split", "subset", "revision"):
-            if d.get(key) is not None and not isinstance(d.get(key), str):
-                raise DataPrepError(f"dataset {name}: {key} must be a string, not {d.get(key)!r}")
-        datasets.append(Dataset(name, path, text_field, float(weight), d.get("split") or "train", d.get("subset"),
-                                d.get("revision")))
+    datasets = [Dataset(*d) for d in dataset_entries(cfg, "text_field", default_field,
+                                                         "the corpora to tokenize ({name, path, weight, text_field})")]
     verify = cfg.get("verify") or "size"
     if verify not in ("size", "checksum"):
         raise DataPrepError(f"verify must be size or checksum, not {verify!r}")

@@ -55,7 +55,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -71,12 +70,10 @@ from dataprep import sft_output as out_
 from dataprep import tokenizer as tokenization
 from dataprep.cluster import Cluster, ClusterError, where
 from dataprep.errors import BadRecordError, DataPrepError
-from dataprep.settings import int_value, load_config, resolve_files, str_value
+from dataprep.settings import dataset_entries, int_value, load_config, resolve_files, str_value
 
 PROG = "ultra3 data prep sft"
 FORMAT = "ultra3-sft-packed-parquet/1"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-DATASET_KEYS = ("name", "path", "messages_field", "weight", "split", "subset", "revision")
 PART_RECORDS = (256, 20000)  # records per tokenize task: at least, at most
 PART_BYTES = 128 << 20  # input bytes per tokenize task, at most (JSONL files: see JSONL_SPLITS)
 JSONL_SPLITS = 8  # a JSONL file is read by at most this many tasks (each decompresses the file up to its start)
@@ -143,34 +140,8 @@ def _ratio(cfg: dict, key: str, default: float) -> float:
 def parse_settings(cfg: dict) -> Settings:
     if not isinstance(cfg, dict):
         raise DataPrepError("the config is not a mapping")
-    raw = cfg.get("datasets")
-    if not raw or not isinstance(raw, list):
-        raise DataPrepError("datasets is empty: list the conversation sets to pack ({name, path, weight})")
-    datasets, seen = [], set()
-    for i, d in enumerate(raw):
-        if not isinstance(d, dict):
-            raise DataPrepError(f"datasets[{i}] must be a mapping with name and path, not {d!r}")
-        unknown = set(d) - set(DATASET_KEYS)
-        if unknown:
-            raise DataPrepError(f"datasets[{i}] has unknown key(s) {', '.join(sorted(unknown))} (known: "
-                                f"{', '.join(DATASET_KEYS)})")
-        name = d.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise DataPrepError(f"datasets[{i}].name must be letters, digits, '.', '_' or '-', not {name!r}")
-        if name in seen:
-            raise DataPrepError(f"datasets[{i}].name {name!r} is used twice")
-        seen.add(name)
-        path = d.get("path")
-        if not isinstance(path, str) or not path:
-            raise DataPrepError(f"dataset {name}: path is not set")
-        weight = d.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise DataPrepError(f"dataset {name}: weight must be a number > 0, not {weight!r}")
-        for key in ("messages_field", "split", "subset", "revision"):
-            if d.get(key) is not None and not isinstance(d.get(key), str):
-                raise DataPrepError(f"dataset {name}: {key} must be a string, not {d.get(key)!r}")
-        datasets.append(Dataset(name, path, d.get("messages_field") or "messages", float(weight),
-                                d.get("split") or "train", d.get("subset"), d.get("revision")))
+    datasets = [Dataset(*d) for d in dataset_entries(cfg, "messages_field", "messages",
+                                                         "the conversation sets to pack ({name, path, weight})")]
     pack_size = cfg.get("pack_size")
     if pack_size is None:
         raise DataPrepError("pack_size is not set (tokens per pack: the training sequence length)")

@@ -3,6 +3,7 @@ and finding the input files of the blend (local first, then the hub)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from . import inputs
@@ -61,3 +62,40 @@ def resolve_files(settings) -> dict:
             paths, provenance = hub.resolve_dataset(d.path, d.split, d.subset, d.revision, settings.hf_cache_dir)
             found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], provenance)
     return {d.name: found[d.name] for d in settings.datasets}
+
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def dataset_entries(cfg: dict, field: str, default_field: str, what: str) -> list[tuple]:
+    """The blend's datasets, checked: (name, path, <field>, weight, split, subset, revision) each."""
+    raw = cfg.get("datasets")
+    if not raw or not isinstance(raw, list):
+        raise DataPrepError(f"datasets is empty: list {what}")
+    keys = ("name", "path", field, "weight", "split", "subset", "revision")
+    entries, seen = [], set()
+    for i, d in enumerate(raw):
+        if not isinstance(d, dict):
+            raise DataPrepError(f"datasets[{i}] must be a mapping with name and path, not {d!r}")
+        unknown = set(d) - set(keys)
+        if unknown:
+            raise DataPrepError(f"datasets[{i}] has unknown key(s) {', '.join(sorted(unknown))} (known: "
+                                f"{', '.join(keys)})")
+        name = d.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise DataPrepError(f"datasets[{i}].name must be letters, digits, '.', '_' or '-', not {name!r}")
+        if name in seen:
+            raise DataPrepError(f"datasets[{i}].name {name!r} is used twice")
+        seen.add(name)
+        path = d.get("path")
+        if not isinstance(path, str) or not path:
+            raise DataPrepError(f"dataset {name}: path is not set")
+        weight = d.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise DataPrepError(f"dataset {name}: weight must be a number > 0, not {weight!r}")
+        for key in (field, "split", "subset", "revision"):
+            if d.get(key) is not None and not isinstance(d.get(key), str):
+                raise DataPrepError(f"dataset {name}: {key} must be a string, not {d.get(key)!r}")
+        entries.append((name, path, d.get(field) or default_field, float(weight), d.get("split") or "train",
+                        d.get("subset"), d.get("revision")))
+    return entries
