@@ -34,10 +34,20 @@ def _importable(module: str) -> str | None:
 
 
 def training_packages(cfg: dict) -> str | None:
+    if (cfg.get("job") or {}).get("stage") == "quantize" and cfg.get("backend") != "megatron":
+        return quantize_packages()
     missing = [f"{m} ({err})" for m in ("megatron.bridge", "transformer_engine") if (err := _importable(m))]
     if missing:
         return (f"not importable: {', '.join(missing)}; run inside the training container "
                 "(set container_image in the profile) or install the `train` extra")
+    return None
+
+
+def quantize_packages() -> str | None:
+    """The quantize stage's hf backend runs on any machine, a CPU-only one included."""
+    missing = [f"{m} ({err})" for m in ("modelopt", "transformers", "safetensors", "requests") if (err := _importable(m))]
+    if missing:
+        return f"not importable: {', '.join(missing)}; install the launcher's `quantize` extra in the job's Python"
     return None
 
 
@@ -82,6 +92,10 @@ def data_paths(cfg: dict) -> str | None:
     ckpt = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
     if ckpt and not os.path.isdir(ckpt):
         problems.append(f"recipe.pretrained_checkpoint {ckpt} is not a readable directory")
+    resume = (cfg.get("checkpoint") or {}).get("load")
+    if cfg.get("job", {}).get("stage") == "sft" and not ckpt and not resume:
+        problems.append("recipe.pretrained_checkpoint is not set: SFT starts from a pretrain checkpoint "
+                        "(Megatron-Bridge's finetune needs one)")
     return "; ".join(problems) or None
 
 

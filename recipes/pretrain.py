@@ -1,11 +1,7 @@
-"""Runtime of the `pretrain` stage, started by launch.py inside the job after the preflight.
+"""Runtime of the `pretrain` stage, started by launch.py under torchrun after the preflight: builds the
+Megatron-Bridge 0.6.x ConfigContainer from the Ultra recipe and our config, then trains (see training/)."""
 
-Not built yet: the stage resolves, validates, dry-runs and submits, and its job stops here with a
-one-line message until the runtime lands.
-"""
-
-import sys
+from training.runtime import main
 
 if __name__ == "__main__":
-    print("ultra3: the pretrain runtime is not implemented in this version", flush=True)
-    sys.exit(4)
+    main("pretrain")

@@ -87,9 +87,18 @@ CASES = [
     # -- configs ---------------------------------------------------------------------------------------
     Case("config-missing-name", ["pretrain", "-c"], [r"Option '-c' requires an argument\.$"]),
     Case("config-unknown-name-eq", ["pretrain", "--config=nope", "-d"],
-         [r"--config: no config 'nope' for this stage; choose one of: default, tiny, or give a path$"]),
+         [r"--config: no config 'nope' for this stage; choose one of: default, smoke, tiny, or give a path$"]),
     Case("config-unknown-name-before-stage", ["--config", "nope", "sft", "-d"],
          [r"--config: no config 'nope' for this stage; choose one of: default, tiny"]),
+    # a Megatron-Bridge key not in its 0.6.x config classes (the schema comes from the recorded API)
+    Case("mb-key-misspelt", ["pretrain", "-c", "tiny", "-d", "checkpoint.most_recent=2", "model.moe_router_dtyp=fp32"],
+         [r"model.moe_router_dtyp: unknown key \(set in command line\); did you mean 'moe_router_dtype'\?$",
+          r"checkpoint.most_recent: unknown key \(set in command line\); did you mean 'most_recent_k'\?$"]),
+    Case("mb-key-wrong-type", ["sft", "-c", "tiny", "-d", "dataset.offline_packing_specs.pad_cu_seqlens=maybe"],
+         [r"dataset.offline_packing_specs.pad_cu_seqlens: must be true/false, got 'maybe' \(set in command line\)$"]),
+    Case("mb-key-in-file", ["pretrain", "-c", "./mine.yaml", "-d"],
+         [r"optimizer.adam_epsilon: unknown key \(set in .*mine.yaml\); did you mean 'adam_eps'\?$"],
+         files={"mine.yaml": "defaults: [tiny]\noptimizer:\n  adam_epsilon: 1.0e-8\n"}),
     Case("config-short-option-equals", ["pretrain", "-c=tiny", "-d"], [r"--config: no config '=tiny' for this stage"]),
     Case("config-missing-path", ["pretrain", "-c", "./missing.yaml", "-d"],
          [r"--config: no such file '\./missing\.yaml'$"]),
@@ -259,7 +268,6 @@ CASES = [
     Case("layout-tp-vs-heads", ["pretrain", "-c", "tiny", "--batch", "blackwell", "run.nodes=2", "run.gpus_per_node=8",
                                 "model.tensor_model_parallel_size=16"],
          [r"model\.tensor_model_parallel_size: num_attention_heads=4 is not divisible by TP=16",
-          r"model\.tensor_model_parallel_size: num_query_groups=2 is not divisible by TP=16",
           r"model\.tensor_model_parallel_size: mamba_num_heads=8 is not divisible by TP=16",
           r"model\.tensor_model_parallel_size: mamba_num_groups=8 is not divisible by TP=16"], submits=True),
     Case("layout-global-batch-vs-dp", ["pretrain", "-c", "tiny", "--batch", "blackwell", "run.gpus_per_node=8"],
@@ -273,6 +281,28 @@ CASES = [
     Case("precision-nvfp4-on-hopper", ["-b", "hopper", "pretrain", "-c", "tiny", f"mixed_precision={NVFP4}"],
          [rf"mixed_precision: {NVFP4} trains in NVFP4, which needs SM 10\.0/10\.3 \(Blackwell\), but h100 is SM 9\.0; "
           r"use a Blackwell profile"], submits=True),
+    Case("precision-misspelt-knob", ["pretrain", "-c", "tiny", "precision.stochastic_roundng=false", "-d"],
+         [r"precision\.stochastic_roundng: unknown key \(set in command line\); did you mean 'stochastic_rounding'\?$"]),
+    Case("precision-knob-not-a-bool", ["pretrain", "-c", "tiny", "precision.random_hadamard_transform=maybe", "-d"],
+         [r"precision\.random_hadamard_transform: must be true/false, got 'maybe' \(set in command line\)$"]),
+    Case("precision-bf16-modules-not-a-list", ["pretrain", "-c", "tiny", "precision.bf16_modules='*.mixer.out_proj'",
+                                              "-d"],
+         [r"precision\.bf16_modules: must be a list of str, got '\*\.mixer\.out_proj' \(set in command line\)$"]),
+    Case("precision-knob-env-set-by-hand", ["pretrain", "-c", "tiny", "--batch", "blackwell", f"mixed_precision={NVFP4}",
+                                           "run.env.NVTE_NVFP4_DISABLE_RHT=1"],
+         [r"run\.env\.NVTE_NVFP4_DISABLE_RHT: NVTE_NVFP4_DISABLE_RHT is exported from "
+          r"precision\.random_hadamard_transform \(set in command line\); remove it and set "
+          r"precision\.random_hadamard_transform=true/false$"], submits=True),
+    Case("quantize-unknown-recipe", ["quantize", "-c", "tiny", "modelopt_recipe=models/nvidia/ultra-nvfp4"],
+         [r"modelopt_recipe: 'models/nvidia/ultra-nvfp4' is not a recipe shipped with ModelOpt nor a YAML file; "
+          r"did you mean models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6\?"]),
+    Case("quantize-missing-inputs", ["quantize", "-c", "tiny", "make_checkpoint=false",
+                                     "bf16_checkpoint=/nonexistent/ultra-bf16", "calibration.path=missing.jsonl"],
+         [r"bf16_checkpoint: /nonexistent/ultra-bf16 is not a Hugging Face checkpoint directory \(no config\.json\) "
+          r"on this machine; fix the path",
+          r"calibration\.path: missing\.jsonl matches no file on this machine; fix the path"]),
+    Case("quantize-hf-backend-on-many-gpus", ["quantize", "-c", "tiny", "run.gpus_per_node=8", "--dry-run"],
+         [r"backend: the hf backend quantizes in one process, but the job has 1 node\(s\) x 8 GPU\(s\)"]),
 ]
 
 

@@ -44,7 +44,7 @@ def commands(help_text: str) -> list[str]:
 def test_ultra3_help_lists_the_stages(cli):
     r = ok(cli("--help"))
     assert r.out.startswith("Usage: ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "data"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "data"]
     assert "ultra3 pretrain -c tiny --dry-run" in r.out
     assert commands(ok(cli("data", "prep", "--help")).out) == ["pretrain", "sft"]
     assert ok(cli()).out == r.out  # no arguments: the same help, exit 0
@@ -60,13 +60,13 @@ def test_nemotron_help_lists_ultra3_and_jobs(cli):
 def test_nemotron_ultra3_help_lists_the_stages(cli):
     r = ok(cli("ultra3", "--help", prog="nemotron"))
     assert r.out.startswith("Usage: nemotron ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "data"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "data"]
 
 
 def test_stage_help_lists_configs_profiles_and_examples(cli, tmp_path):
     r = ok(cli("pretrain", "--help"))
     assert r.out.startswith("Usage: ultra3 pretrain [OPTIONS] [KEY=VALUE]...")
-    assert "Configs (-c): default, tiny\n" in r.out
+    assert "Configs (-c): default, smoke, tiny\n" in r.out
     assert (f"Profiles (--run/--batch): blackwell, ci, ci-cpu, hopper, workstation in {tmp_path / 'work' / 'env.toml'}"
             in r.out)
     examples = r.out.split("Examples:", 1)[1]

@@ -114,7 +114,7 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
 
 @_with_shared_options
 def _group_callback(ctx: typer.Context, **options) -> None:
-    """Nemotron 3 Ultra training recipe: pretrain, sft and data prep stages.
+    """Nemotron 3 Ultra training recipe: pretrain, sft, data prep and quantize stages.
 
     \b
     Examples:

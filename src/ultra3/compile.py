@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from . import schema as schemas
@@ -17,9 +17,13 @@ from .paths import nemorun_home
 from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
 from .stages import Stage
+from .validation.precision import settle as settle_precision
 
 Mode = Literal["local", "attached", "detached"]
 JOB_DIR_PLACEHOLDER = "@JOB_DIR@"
+# job.outputs, the stable home of a stage's outputs (checkpoints) across submissions of one config:
+# <job root>/outputs/<stage>/<config>, the job root being the directory above the stage's job dirs
+OUTPUTS_PLACEHOLDER = "@OUTPUTS@"
 THIS_MACHINE = "this machine"
 
 
@@ -60,7 +64,11 @@ class Job:
 
     def with_job(self, job: dict[str, str]) -> dict[str, Any]:
         """The config the job receives: `job.*` (id, dir, ...) filled in and interpolations resolved."""
-        return resolve(unflatten({**self.flat, **{f"job.{k}": v for k, v in job.items()}}))
+        flat = {**self.flat, **{f"job.{k}": v for k, v in job.items()}}
+        if "dir" in job:  # <root>/<stage slug>/<job id> -> <root>/outputs/...
+            root = str(PurePosixPath(job["dir"]).parent.parent)
+            flat["job.outputs"] = flat["job.outputs"].replace(OUTPUTS_PLACEHOLDER, f"{root}/outputs", 1)
+        return resolve(unflatten(flat))
 
 
 def compile_job(stage: Stage, options: Options) -> Job:
@@ -88,8 +96,11 @@ def compile_job(stage: Stage, options: Options) -> Job:
         if section in flat and flat[section] != {}:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
     _job_shape(stage, executor, flat, origin, report)
+    if prepare := stage.prepare_values():
+        prepare(flat, origin, report)
     flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": stage.recipe,
-                 "job.executor": executor, "job.dir": JOB_DIR_PLACEHOLDER})
+                 "job.executor": executor, "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
+                 "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}"})
     tree = unflatten(flat)
 
     # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
@@ -105,12 +116,24 @@ def compile_job(stage: Stage, options: Options) -> Job:
 
     config = resolve(tree)
     config.setdefault("cluster", {})
+    for key, value in settle_precision(config, origin, report).items():  # TE env vars, FP32 grad reduction
+        flat[key] = value
+        _put(config, key, value)
     _check_executor(stage, executor, profile, config["run"], report)
     if validator := stage.validate():
         validator(config, report)
     if report.errors:
         raise InvalidConfig(report.errors)
     return Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
+
+
+def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        if not isinstance(tree.get(part), dict):
+            tree[part] = {}
+        tree = tree[part]
+    tree[last] = value
 
 
 def _set_by_user(key: str, origin: dict[str, str]) -> bool:

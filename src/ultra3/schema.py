@@ -1,8 +1,9 @@
 """Typed schema of the stage configs: unknown keys and wrong types are errors with a did-you-mean.
 
 A schema is a nested dict: section -> {key: type}. Types are int, float, str, bool, a list type
-(``list[str]``, ``list[int]``), ``dict`` (a free-form str -> str table) or a nested schema dict.
-Every leaf may be null. Keys under ``model``/``train``/... are Megatron-Bridge ConfigContainer names.
+(``list[str]``, ``list[int]``), ``dict`` (a free-form str -> str table), a nested schema dict, ``object``
+(any value) or a tuple of types (any of them). Every leaf may be null. The training sections
+``model``/``train``/... are Megatron-Bridge's ConfigContainer sections, derived from its recorded API.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from . import megatron_api
 from .findings import Report
 
 Schema = dict[str, Any]
@@ -51,126 +53,32 @@ def run_schema(executor: str) -> Schema:
     return {k: t for k, (t, used_by) in RUN_KEYS.items() if executor in used_by}
 
 
-_PARALLEL = {
-    "tensor_model_parallel_size": int,
-    "pipeline_model_parallel_size": int,
-    "virtual_pipeline_model_parallel_size": int,
-    "pipeline_model_parallel_layout": str,
-    "context_parallel_size": int,
-    "expert_model_parallel_size": int,
-    "expert_tensor_parallel_size": int,
-    "sequence_parallel": bool,
+# Our own keys of the `dataset` section: the runtime turns them into Megatron-Bridge's dataset config.
+DATASET_KEYS: Schema = {
+    "blend_path": str,  # blend.json written by `ultra3 data prep pretrain` (MB's per_split_data_args_path)
+    "packed_dir": str,  # packed Parquet written by `ultra3 data prep sft`
+    "pack_size": int,  # tokens per pack (the SFT sequence length)
 }
 
-MODEL: Schema = {
-    **_PARALLEL,
-    "num_layers": int,
-    "hybrid_layer_pattern": str,
-    "mtp_hybrid_override_pattern": str,
-    "hidden_size": int,
-    "ffn_hidden_size": int,
-    "num_attention_heads": int,
-    "num_query_groups": int,
-    "kv_channels": int,
-    "mamba_num_heads": int,
-    "mamba_head_dim": int,
-    "mamba_state_dim": int,
-    "mamba_num_groups": int,
-    "num_moe_experts": int,
-    "moe_router_topk": int,
-    "moe_router_topk_scaling_factor": float,
-    "moe_ffn_hidden_size": int,
-    "moe_shared_expert_intermediate_size": int,
-    "moe_latent_size": int,
-    "moe_token_dispatcher_type": str,
-    "moe_flex_dispatcher_backend": str,
-    "moe_aux_loss_coeff": float,
-    "moe_router_padding_for_quantization": bool,
-    "mtp_num_layers": int,
-    "mtp_loss_scaling_factor": float,
-    "vocab_size": int,
-    "seq_length": int,
-    "init_method_std": float,
-    "recompute_granularity": str,
-    "recompute_method": str,
-    "recompute_num_layers": int,
-    "recompute_modules": list[str],
-    "first_last_layers_bf16": bool,
-    "num_layers_at_start_in_bf16": int,
-    "num_layers_at_end_in_bf16": int,
-    "fp8": str,
-    "fp8_recipe": str,
-    "fp4_param_gather": bool,
-    "cuda_graph_impl": str,
-    "enable_cuda_graph": bool,
-    "mamba_chunk_size": int,
-    "share_embeddings_and_output_weights": bool,
-    "mtp_use_repeated_layer": bool,
-}
+# Megatron-Bridge's ConfigContainer sections from the record of its released API (ultra3.megatron_api): any
+# real key is accepted with its type. `dataset` takes the pretraining and the SFT dataset classes' keys.
+_MB = megatron_api.container_sections()
 
 TRAINING: Schema = {
     "run": None,  # filled per executor by the caller
     "recipe": {"hf_model": str, "hf_revision": str, "pretrained_checkpoint": str},
     "mixed_precision": str,
-    "model": MODEL,
-    "ddp": {
-        "grad_reduce_in_fp32": bool,
-        "overlap_grad_reduce": bool,
-        "overlap_param_gather": bool,
-        "use_distributed_optimizer": bool,
-        "use_megatron_fsdp": bool,
+    # Transformer Engine NVFP4 knobs (exported as NVTE_NVFP4_* env vars) and the module paths kept in BF16
+    # under NVFP4 (Megatron-Core quant_recipe globs): docs/precision.md
+    "precision": {
+        "random_hadamard_transform": bool,
+        "stochastic_rounding": bool,
+        "weight_2d_blocks": bool,
+        "bf16_modules": list[str],
     },
-    "train": {
-        "train_iters": int,
-        "train_samples": int,
-        "global_batch_size": int,
-        "micro_batch_size": int,
-        "manual_gc": bool,
-        "exit_duration_in_mins": int,
-    },
-    "validation": {"eval_interval": int, "eval_iters": int},
-    "optimizer": {
-        "optimizer": str,
-        "lr": float,
-        "min_lr": float,
-        "weight_decay": float,
-        "adam_beta1": float,
-        "adam_beta2": float,
-        "adam_eps": float,
-        "clip_grad": float,
-        "use_distributed_optimizer": bool,
-    },
-    "scheduler": {
-        "lr_decay_style": str,
-        "lr_wsd_decay_style": str,
-        "lr_warmup_iters": int,
-        "lr_warmup_fraction": float,
-        "lr_decay_iters": int,
-        "lr_wsd_decay_iters": int,
-    },
-    "dataset": {
-        "blend_path": str,
-        "packed_dir": str,
-        "pack_size": int,
-        "seq_length": int,
-        "mock": bool,
-        "num_workers": int,
-    },
-    "checkpoint": {
-        "save": str,
-        "load": str,
-        "save_interval": int,
-        "async_save": bool,
-    },
-    "logger": {
-        "log_interval": int,
-        "tensorboard_dir": str,
-        "wandb_project": str,
-        "wandb_entity": str,
-        "wandb_exp_name": str,
-    },
-    "rng": {"seed": int},
-    "dist": {"distributed_timeout_minutes": int, "use_megatron_fsdp": bool},
+    **{k: v for k, v in _MB.items() if k not in ("peft", "optimizer_config_override_provider")},
+    "dataset": {**_MB["dataset"], **megatron_api.section_schema("GPTSFTDatasetConfig"), **DATASET_KEYS},
+    "env_vars": dict,
 }
 
 # One dataset of a data-prep blend: a local JSONL (.gz/.zst), Parquet, a glob of those, or hf://org/name.
@@ -215,19 +123,43 @@ DATA_PREP_SFT: Schema = {
     "row_group_size": int,  # packs per Parquet row group (default: about 64 MiB)
 }
 
+_LAYOUT: Schema = {k: int for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                    "expert_model_parallel_size")}
+
+QUANTIZE: Schema = {
+    "run": None,
+    "bf16_checkpoint": str,  # the BF16 Hugging Face checkpoint: a directory or a hub id
+    "make_checkpoint": bool,  # build a seeded random bf16_checkpoint of `model` first (the tiny flow)
+    "tokenizer": str,  # tokenizer.json of a made checkpoint
+    "modelopt_recipe": str,  # a ModelOpt recipe shipped in modelopt_recipes/ (no .yaml) or a recipe YAML path
+    "output_dir": str,
+    "force": bool,
+    "backend": str,  # hf (one process, any device) | megatron (Megatron-Bridge on the torchrun ranks)
+    "device": str,  # hf backend: auto | cpu | cuda
+    "seed": int,
+    "calibration": {"path": str, "samples": int, "held_out": int, "seq_length": int, "batch_size": int},
+    "model": _MB["model"],  # architecture and the calibration layout (Megatron-Bridge names)
+    "export": _LAYOUT,  # megatron backend: the export layout
+    "megatron": {"examples_dir": str},
+}
+
 
 def type_name(t: Any) -> str:
     if isinstance(t, dict):
         return "a table"
     if isinstance(t, list):
         return "a list of tables"
+    if isinstance(t, tuple):
+        return " or ".join(type_name(x) for x in t)
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
             dict: "a table of strings", list: "a list"}.get(t, f"a {t}".replace("list[", "list of ").rstrip("]"))
 
 
 def matches(value: Any, t: Any) -> bool:
-    if value is None:
+    if value is None or t is object:
         return True
+    if isinstance(t, tuple):
+        return any(matches(value, x) for x in t)
     if t is bool:
         return isinstance(value, bool)
     if t is int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from .schema import DATA_PREP_PRETRAIN, DATA_PREP_SFT, TRAINING
+from .schema import DATA_PREP_PRETRAIN, DATA_PREP_SFT, QUANTIZE, TRAINING
 
 Launch = Literal["torchrun", "ray", "process"]
 
@@ -39,6 +39,8 @@ class Stage:
     launch: Launch  # torchrun over the GPUs of each node, a Ray cluster, or one process
     schema: dict  # the typed schema of its config (ultra3.schema)
     validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
+    # dotted path of a `(flat, origin, report) -> None` that fills in values before interpolation
+    prepare: str | None = None
     examples: tuple[str, ...] = ()
     flags: tuple[Flag, ...] = ()  # options of this stage only
 
@@ -51,12 +53,19 @@ class Stage:
         return "ultra3-" + "-".join(self.words)
 
     def validate(self) -> Callable | None:
-        if not self.validator:
-            return None
-        from importlib import import_module
+        return _load(self.validator)
 
-        module, _, attr = self.validator.rpartition(".")
-        return getattr(import_module(module), attr)
+    def prepare_values(self) -> Callable | None:
+        return _load(self.prepare)
+
+
+def _load(dotted: str | None) -> Callable | None:
+    if not dotted:
+        return None
+    from importlib import import_module
+
+    module, _, attr = dotted.rpartition(".")
+    return getattr(import_module(module), attr)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -72,6 +81,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.",
         "sft", "sft.py", "torchrun", TRAINING, "ultra3.validation.validate_training",
+        prepare="ultra3.training_inputs.fill_pretrained",
         examples=(
             "ultra3 sft -c tiny --dry-run",
             "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
@@ -92,5 +102,11 @@ STAGES: tuple[Stage, ...] = (
         examples=("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
                   "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft"),
         flags=DATA_PREP_FLAGS,
+    ),
+    Stage(
+        ("quantize",), "NVFP4 post-training quantization with ModelOpt into a Hugging Face checkpoint.",
+        "quantize", "quantize.py", "torchrun", QUANTIZE, "ultra3.validation.quantize.validate_quantize",
+        examples=("ultra3 quantize -c tiny", "ultra3 quantize -c tiny --dry-run",
+                  "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 output_dir=/lustre/ckpt/ultra-nvfp4"),
     ),
 )

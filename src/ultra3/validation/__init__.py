@@ -13,12 +13,15 @@ collect every finding (none stops at the first) and add derived facts and printa
 * schedule     token budget, warmup/decay in iterations and tokens, LR schedule sanity
 * memory       parameter counts and a per-GPU memory estimate against the GPU's HBM
 
-Stdlib only and no I/O: the whole validation runs in a few milliseconds.
+Then our model keys are checked against a local HF config.json when `recipe.hf_model` names one.
+
+Stdlib only; I/O only for files the config names: the whole validation runs in a few milliseconds.
 """
 
 from __future__ import annotations
 
 from ultra3.findings import Report
+from ultra3.training_inputs import check_hf_config
 
 from . import batch, cluster, data, memory, parallelism, precision, schedule, sequence, topology
 
@@ -42,3 +45,4 @@ def validate_training(cfg: dict, report: Report) -> None:
                 f"internal error in the {name} rules ({type(exc).__name__}: {exc}); its checks did not run, "
                 "please report this",
             )
+    check_hf_config(cfg, report)

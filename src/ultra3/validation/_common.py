@@ -251,6 +251,9 @@ def fp4_param_gather(cfg: dict, prec: Precision | None) -> bool:
     """Whether NVFP4 primary weights are on. The MB NVFP4 presets set fp4_param_gather=True (so fp4_param=True)."""
     if prec is None or not prec.nvfp4:
         return False
+    explicit = get(cfg, "ddp.fp4_param_gather")
+    if isinstance(explicit, bool):
+        return explicit
     for name in ("fp4_param_gather", "fp4_param"):
         value = precision_knob(cfg, prec, name)
         if isinstance(value, bool):

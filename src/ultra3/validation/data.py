@@ -27,8 +27,9 @@ def check(cfg: dict, report: Report) -> None:
             report.error("dataset.packed_dir", "no training data: set dataset.packed_dir=<output of "
                                                "`ultra3 data prep sft`>, or dataset.mock=true for mock data")
         if not get(cfg, "recipe.pretrained_checkpoint"):
-            report.warn("recipe.pretrained_checkpoint", "unset: SFT starts from randomly initialised weights; set "
-                                                        "it to the pretrain stage's checkpoint directory")
+            report.warn("recipe.pretrained_checkpoint", "unset, and no completed pretrain job on this machine saved "
+                                                        "a checkpoint: the job's preflight will stop; set it to the "
+                                                        "pretrain stage's checkpoint directory")
 
 
 def _check_blend(cfg: dict, path: str, report: Report) -> None:

@@ -193,10 +193,13 @@ def _experts(cfg: dict, m: Mesh, report) -> None:
 def _heads(cfg: dict, m: Mesh, report) -> None:
     heads = pos_int(get(cfg, "model.num_attention_heads"))
     groups = pos_int(get(cfg, "model.num_query_groups"))
-    for key, n in (("model.num_attention_heads", heads), ("model.num_query_groups", groups)):
-        if n is not None and n % m.tp:
-            name = key.split(".")[1]
-            report.error(TP, f"{name}={n} is not divisible by TP={m.tp}; use a TP that divides {n} ({divisors(n)})")
+    if heads is not None and heads % m.tp:
+        report.error(TP, f"num_attention_heads={heads} is not divisible by TP={m.tp}; "
+                         f"use a TP that divides {heads} ({divisors(heads)})")
+    # Megatron-Core replicates KV heads when TP is a multiple of the query groups
+    if groups is not None and groups % m.tp and m.tp % groups:
+        report.error(TP, f"num_query_groups={groups} and TP={m.tp}: one must divide the other; "
+                         f"use a TP that divides {groups} ({divisors(groups)}) or a multiple of it")
     if heads is not None and groups is not None and heads % groups:
         report.error(
             "model.num_query_groups",

@@ -11,12 +11,27 @@ MixedPrecisionConfig-like dict. A name with "nvfp4" is NVFP4, "mxfp8" is MXFP8, 
 * NVFP4 primary weights (fp4_param_gather) with Megatron-FSDP: error (no NVFP4 packed storage, MB PR#5920); with
   CUDA graphs: warning (OOM on GB300, MB#3500).
 * ddp.grad_reduce_in_fp32=false with MTP layers: warning (the Ultra run diverged at ~8T tokens that way).
-* NVFP4: a note with the layers that stay BF16, or a warning when none (or all) do.
+* NVFP4: a note with the layers that stay BF16, or a warning when none (or all) do; a warning when no module kind is
+  kept in BF16 (precision.bf16_modules) or a glob of it matches no module. precision.<knob> off without NVFP4: warning.
+* Tables: the precision of each layer and of each module kind (ultra3.precision_map).
+
+Before the rules run, settle() adds what the job needs for its precision: the Transformer Engine knob env vars, and
+FP32 gradient reduction with MTP under NVFP4/FP8 when no config layer sets ddp.grad_reduce_in_fp32.
 """
 
 from __future__ import annotations
 
 from ultra3.gpus import GPU_TYPES
+from ultra3.precision_map import (
+    BF16_MODULES,
+    TE_KNOBS,
+    knob_env,
+    knob_values,
+    layer_map,
+    layer_rows,
+    module_rows,
+    unmatched_globs,
+)
 
 from ._common import (
     bf16_layer_counts,
@@ -31,6 +46,29 @@ from ._common import (
 )
 
 BLACKWELL = ", ".join(name for name, g in GPU_TYPES.items() if g.supports_nvfp4)
+GRAD_REDUCE = "ddp.grad_reduce_in_fp32"
+FORCED = "the precision rules (MTP with NVFP4/FP8)"
+
+
+def settle(cfg: dict, origin: dict[str, str], report) -> dict[str, object]:
+    """What the job gets for its precision, as {dotted key: value} for the compile step to add: the knobs' env vars
+    (set before Transformer Engine is imported, in every executor) and, with MTP under NVFP4/FP8, FP32 gradient
+    reduction when no config layer set ddp.grad_reduce_in_fp32 (`origin` tells)."""
+    added: dict[str, object] = {}
+    for var, value in knob_env(cfg).items():
+        key = f"run.env.{var}"
+        if key in origin:
+            knob = next(k.key for k in TE_KNOBS if k.env == var)
+            report.error(key, f"{var} is exported from precision.{knob} (set in {origin[key]}); remove it and set "
+                              f"precision.{knob}=true/false")
+        added[key] = value
+    prec = precision(cfg)
+    mtp = get(cfg, "model.mtp_num_layers")
+    if prec and (prec.fp8 or prec.nvfp4) and is_int(mtp) and mtp > 0 and GRAD_REDUCE not in origin:
+        added[GRAD_REDUCE] = True
+        report.note(GRAD_REDUCE, f"set to true by {FORCED}: with {mtp} MTP layers BF16 gradient reduction "
+                                 "diverged Ultra pretraining at ~8T tokens; set it explicitly to choose otherwise")
+    return added
 
 
 def check(cfg: dict, report) -> None:
@@ -40,8 +78,15 @@ def check(cfg: dict, report) -> None:
         return
     report.facts["precision"] = "nvfp4" if prec.nvfp4 else "mxfp8" if prec.mxfp8 else "fp8" if prec.fp8 else "bf16"
     _hardware(cfg, prec, report)
+    _knobs(cfg, prec, report)
     if prec.nvfp4:
         _nvfp4(cfg, prec, report)
+        _modules(cfg, report)
+    layers = layer_map(cfg)
+    if layers is not None:
+        report.tables["precision by layer"] = layer_rows(cfg, layers)
+        if True in layers.quantized:
+            report.tables["precision by module"] = module_rows(cfg, layers)
 
 
 def _grad_reduce(cfg: dict, report) -> None:
@@ -64,7 +109,8 @@ def _hardware(cfg: dict, prec, report) -> None:
         report.error(
             "mixed_precision",
             f"{prec.name} trains in NVFP4, which needs SM 10.0/10.3 (Blackwell), but {gpu.name} is {cc}; "
-            f"use a Blackwell profile ({BLACKWELL}) or set mixed_precision=bf16_mixed",
+            f"use a Blackwell profile ({BLACKWELL}), or set mixed_precision=bf16_mixed (BF16) or "
+            "bf16_with_fp8_current_scaling_mixed (FP8, SM 8.9+)",
         )
     elif prec.mxfp8 and gpu.compute_capability < (10, 0):
         report.error(
@@ -99,7 +145,7 @@ def _nvfp4(cfg: dict, prec, report) -> None:
                 report.error(
                     key,
                     "Megatron-FSDP has no NVFP4 packed storage (MB PR#5920), so NVFP4 primary weights fault; "
-                    "set model.fp4_param_gather=false (as MB's Ultra NVFP4 FSDP recipe does) or turn FSDP off",
+                    "set ddp.fp4_param_gather=false (as MB's Ultra NVFP4 FSDP recipe does) or turn FSDP off",
                 )
                 break
         graphs = get(cfg, "model.cuda_graph_impl")
@@ -107,7 +153,7 @@ def _nvfp4(cfg: dict, prec, report) -> None:
             report.warn(
                 "model.cuda_graph_impl",
                 "fp4_param_gather with CUDA graphs ran out of memory on GB300 (MB#3500); "
-                "set model.fp4_param_gather=false as MB's performance recipes do, or turn CUDA graphs off",
+                "set ddp.fp4_param_gather=false as MB's performance recipes do, or turn CUDA graphs off",
             )
 
     layers = pos_int(get(cfg, "model.num_layers"))
@@ -137,3 +183,23 @@ def _nvfp4(cfg: dict, prec, report) -> None:
         f"NVFP4 layer set: layers {' and '.join(spans)} ({start + end} of {layers}) stay BF16, layers "
         f"{start + 1}-{layers - end} train in NVFP4; embedding and output layer are never NVFP4",
     )
+
+
+def _knobs(cfg: dict, prec, report) -> None:
+    if prec.nvfp4:
+        return
+    for key, on in knob_values(cfg).items():
+        if not on:
+            report.warn(f"precision.{key}", f"precision.{key}=false has no effect: {prec.name} does not train in "
+                                            "NVFP4; remove it or use an NVFP4 mixed_precision")
+
+
+def _modules(cfg: dict, report) -> None:
+    if not get(cfg, BF16_MODULES):
+        report.warn(BF16_MODULES, "no module kind is kept in BF16, so attention, Mamba-2 out_proj, latent "
+                                  "projections and MTP train in NVFP4; the Ultra tech report keeps them in higher "
+                                  "precision: list their globs as configs/pretrain/default.yaml does")
+    for glob in unmatched_globs(cfg):
+        report.warn(BF16_MODULES, f"{glob!r} matches none of the Megatron-Core module paths (e.g. "
+                                  "decoder.layers.0.mixer.out_proj, mtp.layers.0.eh_proj), so it keeps nothing in "
+                                  "BF16; fix the glob")

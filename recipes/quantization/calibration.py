@@ -1,0 +1,69 @@
+"""Calibration and held-out token windows from JSONL: our SFT conversations (a `messages` list, contents
+joined by newlines) or plain documents (a `text` field). Plain, .gz or .zst JSONL, a file, a directory or a
+glob; documents are tokenized in file order, joined with the end-of-text token and cut into windows."""
+
+from __future__ import annotations
+
+import json
+
+from dataprep import inputs
+from dataprep.errors import DataPrepError
+
+from .errors import QuantizeError
+
+
+def record_text(record: object) -> str | None:
+    if not isinstance(record, dict):
+        return None
+    if isinstance(record.get("text"), str):
+        return record["text"]
+    messages = record.get("messages")
+    if isinstance(messages, list):
+        parts = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        return "\n".join(parts) if parts else None
+    return None
+
+
+def texts(path: str):
+    """The documents of `path`, in order; a line that is not a JSON record with text is an error."""
+    files = inputs.expand(path)
+    if not files:
+        raise QuantizeError(f"calibration.path: {path} matches no file; give a JSONL file, directory or glob")
+    for file in files:
+        try:
+            fmt = inputs.detect_format(file)
+        except DataPrepError as e:
+            raise QuantizeError(f"calibration.path: {e}") from None
+        if fmt == inputs.PARQUET:
+            raise QuantizeError(f"calibration.path: {file} is Parquet; give JSONL (plain, .gz or .zst)")
+        with inputs.open_binary(file, fmt) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    text = record_text(json.loads(line))
+                except (ValueError, UnicodeDecodeError):
+                    text = None
+                if not text:
+                    raise QuantizeError(f"calibration.path: {file}:{number} is not a JSON record with a `text` "
+                                        "string or a `messages` list of {role, content}; fix or remove the line")
+                yield text
+
+
+def windows(path: str, tokenizer, samples: int, held_out: int, seq_length: int):
+    """(calibration, held_out) LongTensors of shape [n, seq_length], disjoint, in data order."""
+    import torch
+
+    need = (samples + held_out) * seq_length
+    ids: list[int] = []
+    eos = tokenizer.eos_token_id
+    for text in texts(path):
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+        if len(ids) >= need:
+            break
+    if len(ids) < need:
+        raise QuantizeError(f"calibration.path: {path} holds {len(ids):,} tokens, fewer than the {need:,} needed "
+                            f"for {samples} + {held_out} windows of {seq_length}; add data or lower "
+                            "calibration.samples / held_out / seq_length")
+    tokens = torch.tensor(ids[:need], dtype=torch.long).view(samples + held_out, seq_length)
+    return tokens[:samples], tokens[samples:]

@@ -1,0 +1,233 @@
+"""Runtime of `ultra3 quantize`: NVFP4 post-training quantization of a BF16 Nemotron-H checkpoint with a ModelOpt
+recipe (default: the Ultra NVFP4 recipe shipped in ModelOpt), exported as a quantized Hugging Face checkpoint
+with a report.
+
+    python recipes/quantize.py --config config.yaml
+
+Started by recipes/launch.py under torchrun (one process per GPU; one process on a CPU-only machine) after the
+preflight; it runs just as well by hand. Needs the `quantize` extra (nvidia-modelopt, transformers, requests).
+
+Config keys (others, such as `run` and `job`, are ignored):
+
+    bf16_checkpoint: DIR|NAME  # the BF16 Hugging Face checkpoint (a directory or a hub id)
+    make_checkpoint: false     # build a seeded random checkpoint of `model` at bf16_checkpoint first (-c tiny)
+    tokenizer: null            # tokenizer.json of a made checkpoint (otherwise the checkpoint's own)
+    modelopt_recipe: NAME|PATH # a ModelOpt recipe shipped in modelopt_recipes/ or a recipe YAML
+    output_dir: DIR            # the quantized checkpoint and quantization_report.json (must be new or empty)
+    force: false               # replace an existing output_dir
+    backend: hf                # hf: one process, any device; megatron: Megatron-Bridge on the torchrun ranks
+    device: auto               # hf backend: auto (cuda when visible) | cpu | cuda
+    seed: 1234
+    calibration: {path: JSONL, samples: 512, held_out: 16, seq_length: 4096, batch_size: 1}
+    model: {...}               # Megatron-Bridge names: the made checkpoint's shape and the calibration layout
+    export: {...}              # megatron backend: the export layout (tensor/pipeline/expert_model_parallel_size)
+    megatron: {examples_dir: DIR}
+
+Output (output_dir): model*.safetensors (routed experts NVFP4 as packed uint8 + E4M3 block scales, FP8 layers,
+KV-cache scales, the rest and the MTP weights BF16), config.json with its quantization_config,
+hf_quant_config.json, generation_config.json, the tokenizer, quantization_report.json.
+
+Exit codes: 0 done; 2 a config or input problem (one line on stderr, nothing written: a missing checkpoint, an
+unknown recipe, a recipe that matches no module of the model, unusable calibration data, an output_dir holding
+something else); 1 anything else (with its traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dataprep.errors import DataPrepError  # noqa: E402
+from dataprep.settings import load_config  # noqa: E402
+from quantization.errors import QuantizeError  # noqa: E402
+
+PROG = "ultra3 quantize"
+REPORT = "quantization_report.json"
+
+
+def log(message: str) -> None:
+    print(f"{PROG}: {message}", flush=True)
+
+
+def check_output(cfg: dict) -> str:
+    out = cfg.get("output_dir")
+    if not out:
+        raise QuantizeError("output_dir is not set; set where the quantized checkpoint goes")
+    if os.path.isdir(out) and os.listdir(out) and not cfg.get("force"):
+        raise QuantizeError(f"output_dir: {out} is not empty; choose a new directory or set force=true")
+    return out
+
+
+def load_recipe(name: str) -> dict:
+    from modelopt.recipe import load_recipe as load
+
+    try:
+        recipe = load(name)
+    except Exception as e:  # a missing name or file, bad YAML, a schema error: the user's input
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise QuantizeError(f"modelopt_recipe: cannot load {name!r} ({first}); give a recipe shipped in ModelOpt's "
+                            "modelopt_recipes/ (without .yaml) or a recipe YAML file") from None
+    if getattr(recipe, "quantize", None) is None:
+        raise QuantizeError(f"modelopt_recipe: {name!r} is not a post-training quantization recipe (no `quantize` section)")
+    return recipe.quantize.model_dump()
+
+
+def source(cfg: dict):
+    """(transformers config, tokenizer) of the checkpoint, or of the one `make_checkpoint` will build."""
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+
+    from quantization import tiny_checkpoint
+
+    ckpt = cfg.get("bf16_checkpoint")
+    if not ckpt:
+        raise QuantizeError("bf16_checkpoint is not set; give a BF16 Hugging Face checkpoint directory or hub id")
+    if cfg.get("make_checkpoint"):
+        tok_file = cfg.get("tokenizer")
+        if not tok_file or not os.path.isfile(tok_file):
+            raise QuantizeError(f"tokenizer: {tok_file} is not a tokenizer.json file (make_checkpoint needs one)")
+        return tiny_checkpoint.hf_config(cfg["model"]), PreTrainedTokenizerFast(
+            tokenizer_file=tok_file, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    if ckpt.startswith(("/", ".", "~")) and not os.path.isfile(os.path.join(os.path.expanduser(ckpt), "config.json")):
+        raise QuantizeError(f"bf16_checkpoint: {ckpt} is not a Hugging Face checkpoint (no config.json); fix the path")
+    try:
+        return AutoConfig.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
+    except OSError as e:
+        raise QuantizeError(f"bf16_checkpoint: cannot read {ckpt} ({str(e).splitlines()[0]})") from None
+
+
+def plan(config, quant_cfg: dict, recipe: str) -> dict:
+    """What the recipe does to this model, from its config alone; an error when it quantizes nothing."""
+    from quantization import precision
+
+    model = precision.plan(config, quant_cfg)
+    if not precision.enabled_quantizers(model):
+        patterns = [e["quantizer_name"] for e in quant_cfg["quant_cfg"]
+                    if e.get("enable", True) and (e.get("cfg") or {}).get("enable", True)]
+        raise QuantizeError(f"modelopt_recipe: {recipe} matches no module of the {config.model_type} model: none of its "
+                            f"patterns {', '.join(patterns)} names a quantizer; use a recipe written for this model")
+    return precision.summary(model)
+
+
+def pick_device(cfg: dict) -> str:
+    import torch
+
+    wanted = cfg.get("device") or "auto"
+    if wanted not in ("auto", "cpu", "cuda"):
+        raise QuantizeError(f"device: {wanted!r} is not auto, cpu or cuda")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise QuantizeError("device: cuda, but no GPU is visible; use device=auto or cpu")
+    device = "cuda" if wanted == "auto" and torch.cuda.is_available() else wanted.replace("auto", "cpu")
+    if device == "cpu":
+        from quantization import nvfp4_cpu
+
+        torch.set_num_threads(1)  # tiny ops on busy cores: extra threads only spin
+        nvfp4_cpu.install()
+        log("no GPU: NVFP4 fake quantization of CPU tensors runs in the pure-PyTorch fallback "
+            "(recipes/quantization/nvfp4_cpu.py); ModelOpt's kernels handle everything else")
+    return device
+
+
+def quantize_hf(cfg: dict, config, tokenizer, quant_cfg: dict, staging: str) -> dict:
+    """Calibrate, evaluate against BF16 and export, in this process; the report's measured part."""
+    import torch
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM
+
+    from quantization import accuracy, calibration, export, tiny_checkpoint
+
+    calib = cfg.get("calibration") or {}
+    batch = calib.get("batch_size") or 1
+    calib_windows, held_out = calibration.windows(calib.get("path") or "", tokenizer, calib.get("samples") or 512,
+                                                  calib.get("held_out") or 16, calib.get("seq_length") or 4096)
+    device = pick_device(cfg)
+    timings = {}
+    t0 = time.time()
+    if cfg.get("make_checkpoint") and not os.path.isdir(cfg["bf16_checkpoint"]):
+        tiny_checkpoint.make(cfg["model"], cfg["tokenizer"], cfg["bf16_checkpoint"], cfg.get("seed") or 0)
+        log(f"made the BF16 checkpoint {cfg['bf16_checkpoint']}")
+    model = AutoModelForCausalLM.from_pretrained(cfg["bf16_checkpoint"], dtype=torch.bfloat16).to(device).eval()
+    timings["load_s"] = time.time() - t0
+    held_out, calib_windows = held_out.to(device), calib_windows.to(device)
+    reference = accuracy.logits(model, held_out, batch)
+
+    def forward_loop(m):
+        with torch.no_grad():
+            for i in range(0, len(calib_windows), batch):
+                m(calib_windows[i:i + batch])
+
+    t0 = time.time()
+    model = mtq.quantize(model, quant_cfg, forward_loop)
+    timings["calibrate_s"] = time.time() - t0
+    metrics = accuracy.compare(reference, accuracy.logits(model, held_out, batch), held_out)
+    log(f"accuracy on {metrics['held_out_tokens']:,} held-out tokens: relative logit error "
+        f"{metrics['relative_logit_error']:.4f}, top-1 agreement {metrics['top1_agreement']:.4f}, perplexity "
+        f"{metrics['perplexity_bf16']:.3f} -> {metrics['perplexity_quantized']:.3f}")
+    t0 = time.time()
+    fixes = export.export(model, tokenizer, cfg["bf16_checkpoint"], staging)
+    timings["export_s"] = time.time() - t0
+    return {"device": device, "calibration": {"path": calib.get("path"), "windows": len(calib_windows),
+                                              "seq_length": calib_windows.shape[1]},
+            "accuracy": metrics, "export_fixes": fixes, "timings": {k: round(v, 3) for k, v in timings.items()}}
+
+
+def run(config_path: str) -> int:
+    started = time.time()
+    cfg = load_config(config_path)
+    out = check_output(cfg)
+    recipe = cfg.get("modelopt_recipe") or ""
+    quant_cfg = load_recipe(recipe)
+    config, tokenizer = source(cfg)
+    planned = plan(config, quant_cfg, recipe)
+    from quantization import megatron, precision
+
+    log(f"recipe {recipe}, checkpoint {cfg['bf16_checkpoint']}, backend {cfg.get('backend') or 'hf'}\n"
+        + precision.format_table(planned))
+    staging = f"{out.rstrip('/')}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        if cfg.get("backend") == "megatron":
+            rank = int(os.environ.get("RANK", "0"))
+            exported = megatron.run(cfg, recipe, staging)
+            if rank:
+                return 0
+            from quantization import export
+
+            tokenizer.save_pretrained(exported)
+            measured = {"accuracy": None, "export_fixes": {"sentinel_names_fixed": export.fix_sentinel_names(exported)}}
+        else:
+            exported = staging
+            measured = quantize_hf(cfg, config, tokenizer, quant_cfg, staging)
+        report = {"recipe": recipe, "bf16_checkpoint": cfg["bf16_checkpoint"], "backend": cfg.get("backend") or "hf",
+                  **measured, **planned, "wall_s": round(time.time() - started, 3)}
+        with open(os.path.join(exported, REPORT), "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.replace(exported, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log(f"wrote {out} (bits per element {planned['bits_per_element']:.3f}) in {time.time() - started:.1f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", module="modelopt.*")  # version and optional-plugin notices
+    try:
+        return run(args.config)
+    except DataPrepError as e:  # QuantizeError, or the config unreadable
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Pretrain or fine-tune with Megatron-Bridge 0.6.x, one process per GPU under torchrun (after the preflight).
+
+The ConfigContainer comes from the released Ultra recipe function (which takes no arguments and builds
+its model from the HF config named by the module's NEMOTRON_3_ULTRA_HF_MODEL_ID, read at call time):
+that name is pointed at a local directory first, so nothing needs the hub at run time unless the config
+names a hub model (then only its config and tokenizer files are fetched, at the pinned revision). Then
+the dataset wiring, our overrides through Megatron-Bridge's own override helper, the precision, and the
+training loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import tempfile
+from typing import Any
+
+import yaml
+
+from .hf_config import hf_config
+from .plan import (
+    BLEND_HELPER,
+    FORWARD_STEP,
+    HF_CONFIG_FILES,
+    HF_MODEL_ID,
+    OVERRIDE_HELPER,
+    Build,
+    Plan,
+    make_plan,
+)
+
+
+def resolve(dotted: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def construct(value: Any) -> Any:
+    if isinstance(value, Build):
+        return resolve(value.target)(**{k: construct(v) for k, v in value.kwargs.items()})
+    return value
+
+
+def model_dir(plan: Plan, cfg: dict) -> str:
+    """A local directory holding the model's config.json (and its tokenizer, unless it is ours)."""
+    if plan.model_source == "local":
+        return plan.hf_model
+    if plan.model_source == "hub":
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(plan.hf_model, revision=plan.hf_revision, allow_patterns=HF_CONFIG_FILES)
+    folder = tempfile.mkdtemp(prefix="ultra3-model-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(cfg["model"]), f, indent=2)
+    return folder
+
+
+def build_container(plan: Plan, cfg: dict):
+    module, _, name = HF_MODEL_ID.rpartition(".")
+    source = model_dir(plan, cfg)
+    setattr(importlib.import_module(module), name, source)
+    print(f"ultra3: {plan.recipe.rpartition('.')[2]}() with the model config of {source}", flush=True)
+    container = resolve(plan.recipe)()
+    if plan.dataset is not None:
+        container.dataset = construct(plan.dataset)
+    if plan.blend_path:
+        blend, per_split, split = resolve(BLEND_HELPER)(per_split_data_args_path=plan.blend_path)
+        container.dataset.blend, container.dataset.blend_per_split, container.dataset.split = blend, per_split, split
+    resolve(OVERRIDE_HELPER)(container, cli_overrides=plan.overrides)
+    return container
+
+
+def main(stage: str) -> None:
+    parser = argparse.ArgumentParser(description=f"ultra3 {stage} runtime")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args()
+    with open(args.config) as f:
+        cfg = yaml.safe_load(f)
+    if cfg["job"]["stage"] != stage:
+        raise SystemExit(f"ultra3: {args.config} is a {cfg['job']['stage']} config, not {stage}")
+    plan = make_plan(cfg)
+    container = build_container(plan, cfg)
+
+    from .precision import apply_precision
+
+    for line in apply_precision(container, cfg):
+        print(f"ultra3: {line}", flush=True)
+    resolve(plan.entry)(container, resolve(FORWARD_STEP))
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

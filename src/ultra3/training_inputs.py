@@ -1,0 +1,98 @@
+"""What a training job starts from, settled at compile time so the dry run shows it:
+
+* SFT's pretrained checkpoint: `recipe.pretrained_checkpoint`, or else the checkpoint directory of the
+  latest COMPLETED pretrain job in the job registry (jobs on this machine or its local Slurm) that saved one;
+* the model config: when `recipe.hf_model` is a local directory with config.json, our model keys must
+  agree with it (through Megatron-Bridge's own HF -> Megatron key mapping).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import megatron_api
+from .findings import Report
+
+PRETRAINED = "recipe.pretrained_checkpoint"
+# a Megatron-Bridge checkpoint directory holds one of these trackers of its latest iteration
+TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
+# HF keys the NemotronH bridge copies under the same name, besides its CONFIG_MAPPING
+SAME_NAME = ("mtp_hybrid_override_pattern", "moe_latent_size")
+
+
+def fill_pretrained(flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
+    """Set recipe.pretrained_checkpoint of an SFT job from the registry when the config leaves it unset."""
+    if flat.get(PRETRAINED) or flat.get("checkpoint.load"):
+        return
+    found = latest_pretrain_checkpoint()
+    if found is None:
+        return  # the data rules warn, and the job's preflight stops
+    job_id, path = found
+    flat[PRETRAINED] = path
+    origin[PRETRAINED] = f"job {job_id}"
+    report.note(PRETRAINED, f"from the latest completed pretrain job {job_id}: {path}")
+
+
+def latest_pretrain_checkpoint() -> tuple[str, str] | None:
+    from . import jobs
+
+    records = [r for r in jobs.all_records() if r.stage == "pretrain" and not r.ssh]
+    if not records:
+        return None
+    states = jobs.states(records)
+    for record in records:  # newest first
+        if states.get(record.id) is None or states[record.id].state != "COMPLETED":
+            continue
+        path = _checkpoint_dir(Path(record.task_dir) / "code" / "config.yaml")
+        if path and any((Path(path) / t).is_file() for t in TRACKERS):
+            return record.id, path
+    return None
+
+
+def _checkpoint_dir(config: Path) -> str | None:
+    try:
+        save = (yaml.safe_load(config.read_text()).get("checkpoint") or {}).get("save")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return save if isinstance(save, str) else None
+
+
+def check_hf_config(cfg: dict, report: Report) -> None:
+    """Our model keys against the local HF config.json they will meet at run time."""
+    hf_model = (cfg.get("recipe") or {}).get("hf_model")
+    path = Path(str(hf_model)).expanduser() / "config.json" if hf_model else None
+    if path is None or not path.is_file():
+        return
+    try:
+        hf = json.loads(path.read_text())
+    except ValueError as e:
+        report.error("recipe.hf_model", f"{path} is not JSON ({e})")
+        return
+    model = cfg.get("model") or {}
+    theirs = hf_model_keys(hf)
+    for key, value in theirs.items():
+        ours = model.get(key)
+        if ours is not None and ours != value:
+            report.error(f"model.{key}", f"{ours!r} disagrees with {path} ({value!r}); remove it from the config "
+                                         f"or set it to {value!r}")
+    report.note("recipe.hf_model", f"model keys checked against {path} ({len(theirs)} keys)")
+
+
+def hf_model_keys(hf: dict) -> dict[str, Any]:
+    """Our model keys of an HF NemotronH config.json, by Megatron-Bridge's mapping (the pattern from
+    `hybrid_override_pattern` or transformers' `layers_block_type` list)."""
+    hf = dict(hf)
+    symbols = {"mamba": "M", "moe": "E", "attention": "*", "mlp": "-"}
+    for key, pattern in (("layers_block_type", "hybrid_override_pattern"),
+                         ("mtp_layers_block_type", "mtp_hybrid_override_pattern")):
+        if isinstance(hf.get(key), list) and pattern not in hf:
+            hf[pattern] = "".join(symbols.get(t, "?") for t in hf[key])
+    if isinstance(hf.get("hybrid_override_pattern"), str):
+        hf.setdefault("num_hidden_layers", len(hf["hybrid_override_pattern"]))
+    out = {ours: hf[theirs] for theirs, ours in megatron_api.hf_config_mapping() if theirs in hf}
+    out.update({key: hf[key] for key in SAME_NAME if key in hf})
+    return out

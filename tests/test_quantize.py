@@ -1,0 +1,218 @@
+"""`ultra3 quantize` for real: the tiny Nemotron-H checkpoint through ModelOpt's Ultra recipe on CPU, the export
+read back tensor by tensor, the CPU NVFP4 fallback against ModelOpt's own reference quantizer, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "recipes" / "quantize.py"
+sys.path.insert(0, str(REPO / "recipes"))
+torch = pytest.importorskip("torch")
+pytest.importorskip("modelopt.torch.quantization")
+from safetensors import safe_open  # noqa: E402
+
+ULTRA = "models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6"
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def tiny_config(tmp: Path, **over) -> dict:
+    cfg = yaml.safe_load((REPO / "configs/quantize/tiny.yaml").read_text())
+    cfg.pop("defaults")
+    cfg.update(bf16_checkpoint=str(tmp / "bf16"), output_dir=str(tmp / "out"), modelopt_recipe=ULTRA, seed=1234,
+               tokenizer=str(REPO / cfg["tokenizer"]), device="cpu")
+    cfg["calibration"]["path"] = str(REPO / cfg["calibration"]["path"])
+    cfg.update(over)
+    return cfg
+
+
+def run_script(cfg: dict, path: Path) -> subprocess.CompletedProcess:
+    path.write_text(json.dumps(cfg))
+    return subprocess.run([sys.executable, str(SCRIPT), "--config", str(path)], capture_output=True, text=True,
+                          cwd=REPO, timeout=600)
+
+
+def tensors(path: Path) -> dict:
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("quantize")
+    cfg = tiny_config(tmp)
+    p = run_script(cfg, tmp / "config.yaml")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = Path(cfg["output_dir"])
+    return {"cfg": cfg, "out": out, "log": p.stdout, "src": tensors(Path(cfg["bf16_checkpoint"]) / "model.safetensors"),
+            "q": tensors(out / "model.safetensors"), "report": json.loads((out / "quantization_report.json").read_text())}
+
+
+def kind(name: str) -> str:
+    """What the Ultra recipe makes of a hub-layout tensor name."""
+    if re.search(r"mixer\.experts\.\d+\.(up|down)_proj\.weight$", name):
+        return "nvfp4"
+    if re.search(r"mixer\.(shared_experts\.(up|down)_proj|in_proj|out_proj)\.weight$", name):
+        return "fp8"
+    return "bf16"
+
+
+def test_files_and_quant_config(flow):
+    out = flow["out"]
+    assert {"config.json", "hf_quant_config.json", "model.safetensors", "tokenizer.json", "quantization_report.json",
+            "generation_config.json"} <= {p.name for p in out.iterdir()}
+    assert not Path(f"{out}.staging").exists()
+    hq = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert hq["quant_algo"] == "MIXED_PRECISION" and hq["kv_cache_quant_algo"] == "FP8"
+    assert set(hq["exclude_modules"]) >= {"mtp.layers.0*", "mtp.layers.1*"}
+    layers = hq["quantized_layers"]
+    assert layers["backbone.layers.1.mixer.experts"] == {"quant_algo": "NVFP4", "group_size": 16}
+    assert layers["backbone.layers.0.mixer.in_proj"] == {"quant_algo": "FP8"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "modelopt"
+    for name in ("hf_quant_config.json", "config.json"):
+        text = (out / name).read_text()
+        assert "\\u0000" not in text and "sentinel" not in text, name  # ModelOpt 0.47's suffix is gone
+
+
+def test_export_tensor_by_tensor(flow):
+    src, q = flow["src"], flow["q"]
+    counts = {"nvfp4": 0, "fp8": 0, "bf16": 0}
+    for name, ref in src.items():
+        k = kind(name)
+        counts[k] += 1
+        stem = name.removesuffix(".weight")
+        if k == "nvfp4":
+            out_f, in_f = ref.shape
+            assert q[name].dtype == torch.uint8 and q[name].shape == (out_f, in_f // 2), name
+            assert q[f"{stem}.weight_scale"].dtype == torch.float8_e4m3fn, name
+            assert q[f"{stem}.weight_scale"].shape == (out_f, in_f // 16), name
+            assert q[f"{stem}.weight_scale_2"].numel() == 1 and q[f"{stem}.input_scale"].numel() == 1, name
+        elif k == "fp8":
+            assert q[name].dtype == torch.float8_e4m3fn and q[name].shape == ref.shape, name
+            assert q[f"{stem}.weight_scale"].numel() == 1 and q[f"{stem}.input_scale"].numel() == 1, name
+        else:  # attention, latent projections, embeddings, lm_head, norms, Mamba's own, MTP: unchanged
+            assert torch.equal(q[name].to(ref.dtype), ref), name
+    assert counts["nvfp4"] == 3 * 16 * 2 and counts["fp8"] == 3 * 2 + 3 * 2
+    assert sum(n.startswith("mtp.") for n in q) == 8
+    for layer in (3,):  # the attention layer of MEM*EME
+        for kv in ("k", "v"):
+            assert q[f"backbone.layers.{layer}.mixer.{kv}_proj.{kv}_scale"].dtype == torch.float32
+
+
+def test_bits_per_element_from_the_tensors(flow):
+    """The report's figure (from the config and the recipe alone) against a count over the source tensors."""
+    bits = {"nvfp4": 4.5, "fp8": 8.0, "bf16": 16.0}
+    main = {n: t for n, t in flow["src"].items() if not n.startswith("mtp.")}
+    expected = sum(t.numel() * bits[kind(n)] for n, t in main.items()) / sum(t.numel() for t in main.values())
+    assert flow["report"]["bits_per_element"] == pytest.approx(expected, abs=1e-3)
+    assert flow["report"]["bits_per_element"] == pytest.approx(8.5608, abs=1e-4)
+
+
+def test_report_accuracy(flow):
+    acc = flow["report"]["accuracy"]
+    assert acc["held_out_tokens"] == 4 * 64
+    assert 0 < acc["relative_logit_error"] < 0.3 and acc["top1_agreement"] > 0.6
+    assert abs(acc["perplexity_change"]) < 0.05
+    assert "pure-PyTorch fallback" in flow["log"]
+    modules = {m["module"]: m for m in flow["report"]["modules"]}
+    assert modules["model.layers.N.mixer.experts.up_proj"]["weights"] == "NVFP4"
+    assert modules["model.layers.N.mixer.q_proj"]["weights"] == "BF16" and flow["report"]["kv_cache"] == "FP8"
+
+
+def dequantize(q: dict) -> dict:
+    """The export back to BF16: E2M1 codes x E4M3 block scales x scale_2, FP8 x scale."""
+    out = {}
+    for name, t in q.items():
+        if name.endswith(("_scale", "_scale_2")):
+            continue
+        stem = name.removesuffix(".weight")
+        if t.dtype == torch.uint8:
+            codes = torch.stack([t & 0x0F, t >> 4], dim=-1).reshape(t.shape[0], -1).long()
+            scale = q[f"{stem}.weight_scale"].float().repeat_interleave(16, dim=-1) * q[f"{stem}.weight_scale_2"].float()
+            t = E2M1[codes] * scale
+        elif t.dtype == torch.float8_e4m3fn:
+            t = t.float() * q[f"{stem}.weight_scale"].float()
+        out[name] = t.to(torch.bfloat16)
+    return out
+
+
+def test_dequantized_export_matches_the_fake_quantized_model(flow, tmp_path):
+    """Weights only (activations and KV in BF16 on both sides): the packed export, dequantized, gives the logits
+    of ModelOpt's fake-quantized model within 5% relative error (E2M1/E4M3 rounding ties break differently
+    in fake-quant and in export; measured about 2%)."""
+    import shutil
+
+    import modelopt.torch.quantization as mtq
+    from modelopt.recipe import load_recipe
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantization import calibration, nvfp4_cpu
+
+    torch.set_num_threads(1)
+    nvfp4_cpu.install()
+    cfg, src_dir = flow["cfg"], Path(flow["cfg"]["bf16_checkpoint"])
+    c = cfg["calibration"]
+    calib, held = calibration.windows(c["path"], AutoTokenizer.from_pretrained(src_dir), c["samples"], c["held_out"],
+                                      c["seq_length"])
+    model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        model = mtq.quantize(model, load_recipe(ULTRA).quantize.model_dump(),
+                             lambda m: [m(calib[i:i + 4]) for i in range(0, len(calib), 4)])
+        mtq.disable_quantizer(model, lambda n: n.endswith(("input_quantizer", "bmm_quantizer")))
+        fake = model(held).logits.float()
+    deq_dir = tmp_path / "deq"
+    shutil.copytree(src_dir, deq_dir)
+    save_file({**dequantize(flow["q"])}, str(deq_dir / "model.safetensors"), metadata={"format": "pt"})
+    with torch.no_grad():
+        deq = AutoModelForCausalLM.from_pretrained(deq_dir, dtype=torch.bfloat16).eval()(held).logits.float()
+    assert float((deq - fake).norm() / fake.norm()) < 0.05
+    assert float((deq.argmax(-1) == fake.argmax(-1)).float().mean()) > 0.9
+
+
+def test_cpu_fallback_matches_modelopt_reference_quantizer():
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    from quantization import nvfp4_cpu
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=gen) * torch.logspace(-3, 1, 64).unsqueeze(1)
+    global_amax = x.abs().max()
+    packed, scale, scale_2 = NVFP4QTensor.quantize(x.clone(), 16)
+    reference = packed.dequantize(dtype=torch.float32, scale=scale, double_scale=scale_2, block_sizes={-1: 16})
+    assert torch.equal(nvfp4_cpu.dynamic_fake_quant(x, global_amax, 16), reference)
+    block_amax = x.reshape(-1, 16).abs().amax(-1)
+    assert torch.equal(nvfp4_cpu.static_fake_quant(x, block_amax, global_amax), reference)
+    assert torch.equal(nvfp4_cpu.round_e2m1(torch.tensor([0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, -7.0])),
+                       torch.tensor([0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -6.0]))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"make_checkpoint": False, "bf16_checkpoint": "/nonexistent/ultra-bf16"}, "bf16_checkpoint: /nonexistent"),
+    ({"modelopt_recipe": "models/nvidia/no-such-recipe"}, "modelopt_recipe: cannot load"),
+    ({"modelopt_recipe": "__NOMATCH__"}, "matches no module of the nemotron_h model"),
+    ({"calibration": {"path": "__BAD__", "samples": 4, "held_out": 1, "seq_length": 16}}, "bad.jsonl:2 is not a JSON"),
+    ({"calibration": {"path": "/nonexistent/*.jsonl"}}, "matches no file"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(change, message, tmp_path):
+    (tmp_path / "nomatch.yaml").write_text(yaml.safe_dump({"metadata": {"recipe_type": "ptq"}, "quantize": {
+        "algorithm": "max", "quant_cfg": [{"quantizer_name": "*", "enable": False},
+                                          {"quantizer_name": "*decoder.no_such_module*", "cfg": {"num_bits": [4, 3]}}]}}))
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": 1}\n')
+    change = json.loads(json.dumps(change).replace("__NOMATCH__", str(tmp_path / "nomatch.yaml"))
+                        .replace("__BAD__", str(tmp_path / "bad.jsonl")))
+    cfg = tiny_config(tmp_path, **change)
+    p = run_script(cfg, tmp_path / "config.yaml")
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("ultra3 quantize: error: ") and message in err, p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "bf16").exists()
