@@ -10,7 +10,8 @@
    `force: true`, `encoder: --encoder`) once per --workers value; reports wall time, tokens/s, MB/s (corpus
    bytes / wall) and the peak RSS of the whole run (driver + Ray, summed over its processes, sampled every
    0.2 s) and of its largest single process; and the shard phase alone: from the line saying Ray is up to
-   the last shard done (worker start-up included, Ray start-up and shutdown not).
+   the last shard done (worker start-up included, Ray start-up and shutdown not); and where the wall time
+   went, from the run's own `time:` line (Ray starts while the driver counts the inputs and plans).
 3. Runs the same shard tasks without Ray (`shards.write_shard` in 1 process, or a pool of N): the
    steady-state rate of the hot loop (read, encode, write).
 4. Measures the raw encoder on the first 64 MB (--encoder-mb) of the same texts, outside Ray: HF `tokenizers`
@@ -126,12 +127,14 @@ def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, wor
     manifest = json.loads((out / "manifest.json").read_text())
     ray_up = next(t for t, x in lines if "shard(s) to write" in x)
     last_shard = [t for t, x in lines if x.startswith("progress:")][-1]  # printed as the last shard ends
+    phases = next(x[len("time: "):].strip() for _, x in lines if x.startswith("time: "))
     encoder = next((x.split("encoder ", 1)[1].split(";")[0] for _, x in lines if "; encoder " in x), "?")
     if any(x.startswith("encoder: tokenizers") for _, x in lines):
         encoder = "tokenizers (fell back)"
     return {"wall": wall, "tokens": manifest["totals"]["tokens"], "docs": manifest["totals"]["docs"],
             "peak_rss_sum": peak_sum, "peak_rss_one": peak_one, "log": log, "shard_phase": last_shard - ray_up,
-            "startup": ray_up - started, "encoder": encoder}
+            "startup": ray_up - started, "encoder": encoder, "phases": phases,
+            "before_run": next(t for t, x in lines if x.startswith("ultra3 data prep pretrain:")) - started}
 
 
 def _shard_task(args):
@@ -177,8 +180,8 @@ def sample_texts(paths: list[Path], limit_bytes: int) -> list[str]:
     bad = inputs.BadRecords()
     for path in paths:
         fmt = inputs.detect_format(str(path))
-        for nbytes, text in inputs.read_texts(str(path), fmt, "text", 0, 1 << 62, bad):
-            texts.append(text)
+        for nbytes, block in inputs.read_texts(str(path), fmt, "text", 0, 1 << 62, bad):
+            texts += block.to_pylist()
             size += nbytes
             if size >= limit_bytes:
                 return texts
@@ -312,7 +315,8 @@ def main() -> None:
         rows.append((f"pipeline, {workers} worker(s): shard phase (Ray up to last shard)", r["shard_phase"],
                      r["tokens"], r["tokens"] / r["shard_phase"], corpus_bytes / r["shard_phase"] / 1e6, None, None))
         print(f"  {rows[-2][0]}: {r['wall']:.1f} s ({r['startup']:.1f} s to Ray up, {r['shard_phase']:.1f} s of "
-              f"shards), {r['docs']:,} docs", flush=True)
+              f"shards), {r['docs']:,} docs\n    where the time went: {r['phases']} (process start to the plan "
+              f"line {r['before_run']:.1f} s)", flush=True)
     if not args.no_ray_runs:
         for workers in args.workers:
             r = run_without_ray(paths, args.tokenizer, work / f"out-noray-w{workers}", workers, args.encoder)

@@ -52,7 +52,6 @@ before any shard: missing inputs, an unreadable tokenizer, an empty corpus), or 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -65,13 +64,14 @@ sys.path.insert(0, HERE)
 
 from dataprep import blend, encoders, inputs, progress, shards  # noqa: E402
 from dataprep import tokenizer as tokenization  # noqa: E402
-from dataprep.cluster import Cluster, ClusterError, where  # noqa: E402
+from dataprep.cluster import Cluster, where  # noqa: E402
 from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
-from dataprep.settings import dataset_entries, int_value, load_config, resolve_files, str_value  # noqa: E402
+from dataprep.settings import (Common, cli, common_values, dataset_entries, int_value, load_config,  # noqa: E402
+                               resolve_files, str_value)
 
 PROG = "ultra3 data prep pretrain"
 MANIFEST_FORMAT = "ultra3-pretrain-data/1"
-SCAN_LOCAL_BYTES = 256 << 20  # inputs up to this size are counted in the driver, bigger ones on Ray
+SCAN_LOCAL_BYTES = 256 << 20  # on a Ray cluster, inputs bigger than this are counted on it
 
 
 @dataclass
@@ -86,37 +86,14 @@ class Dataset:
 
 
 @dataclass
-class Settings:
-    datasets: list
-    tokenizer: str
+class Settings(Common):
     eod_token: str | None
-    output_dir: str
-    num_shards: int
     valid_shards: int
     test_shards: int
-    sample: int | None
-    force: bool
-    strict: bool
-    workers: int | None
     cpus_per_task: int
     encoder: str
-    hf_cache_dir: str | None
     verify: str
-    progress_interval: float
     object_store_mb: int
-
-    @property
-    def out(self) -> str:
-        return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
-
-
-def _bool(cfg: dict, key: str) -> bool:
-    value = cfg.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise DataPrepError(f"{key} must be true or false, not {value!r}")
-    return value
 
 
 def parse_settings(cfg: dict) -> Settings:
@@ -128,30 +105,17 @@ def parse_settings(cfg: dict) -> Settings:
     verify = cfg.get("verify") or "size"
     if verify not in ("size", "checksum"):
         raise DataPrepError(f"verify must be size or checksum, not {verify!r}")
-    interval = cfg.get("progress_interval", 30)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-        raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
     encoder = cfg.get("encoder") or "auto"
     if encoder not in encoders.MODES:
         raise DataPrepError(f"encoder must be auto, gigatoken or tokenizers, not {encoder!r}")
-    output_dir = str_value(cfg, "output_dir", required=True)
     return Settings(
-        datasets=datasets,
-        tokenizer=str_value(cfg, "tokenizer", required=True),
+        **common_values(cfg, datasets, 8),
         eod_token=str_value(cfg, "eod_token"),
-        output_dir=os.path.abspath(os.path.expanduser(output_dir)),
-        num_shards=int_value(cfg, "num_shards", 8, 1),
         valid_shards=int_value(cfg, "valid_shards", 1, 0),
         test_shards=int_value(cfg, "test_shards", 1, 0),
-        sample=int_value(cfg, "sample", None, 1, allow_none=True),
-        force=_bool(cfg, "force"),
-        strict=_bool(cfg, "strict"),
-        workers=int_value(cfg, "workers", None, 1, allow_none=True),
         cpus_per_task=int_value(cfg, "cpus_per_task", 1, 1),
         encoder=encoder,
-        hf_cache_dir=str_value(cfg, "hf_cache_dir"),
         verify=verify,
-        progress_interval=float(interval),
         object_store_mb=int_value(cfg, "object_store_mb", 256, 80),
     )
 
@@ -182,7 +146,7 @@ def scan_sources(settings: Settings, files: dict, cache: dict, cluster: Cluster)
         return result
     jobs = [(d.name, path, fmt, d.text_field) for d in settings.datasets for path, fmt in files[d.name][0]]
     size = sum(os.path.getsize(path) for _, path, _, _ in jobs)
-    if size <= SCAN_LOCAL_BYTES or len(jobs) == 1:
+    if not cluster.address or size <= SCAN_LOCAL_BYTES or len(jobs) == 1:  # the embedded Ray: no more CPUs
         entries = [inputs.scan(path, fmt, field, cache.get((path, field))) for _, path, fmt, field in jobs]
     else:
         ray = cluster.start()
@@ -342,15 +306,29 @@ def summary(manifest: dict, written: int, reused: int, seconds: float, tokens_wr
 
 def run(config_path: str) -> int:
     started = time.time()
+    phases = progress.Phases()
     settings = parse_settings(load_config(config_path))
     tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
     encoder, why_not = encoders.choose(settings.encoder, tok_json)
     files = resolve_files(settings)
+    phases.mark("config, tokenizer, encoder check")
     out = settings.out
     with Cluster(settings.object_store_mb) as cluster:
         cache = {} if settings.force else read_plan_cache(out)
-        sources = scan_sources(settings, files, cache, cluster)
-        plan = make_plan(settings, sources, tok)
+
+        def inputs_and_plan() -> tuple[dict, dict, float]:
+            begun = time.time()
+            sources = scan_sources(settings, files, cache, cluster)
+            return sources, make_plan(settings, sources, tok), time.time() - begun
+
+        if cache:  # an earlier run's plan: often nothing left to do, and then Ray is not started at all
+            sources, plan, _ = inputs_and_plan()
+            phase = "inputs and plan"
+        else:  # shards to write: Ray starts while the inputs are counted
+            sources, plan, seconds = cluster.start_while(
+                inputs_and_plan, shards.warm, (tok_json, tok.sha256, encoder, settings.cpus_per_task),
+                settings.workers, settings.cpus_per_task)
+            phase = f"Ray start (inputs and plan alongside: {seconds:.1f} s)"
         tasks = [t for name in plan for t in plan[name]]
         # nothing has been written up to here; from here on, only under `out`
         os.makedirs(out, exist_ok=True)
@@ -376,6 +354,7 @@ def run(config_path: str) -> int:
               f"{tok.eod_id}, {tok.dtype}); encoder {encoder}; output {out}", flush=True)
         if why_not:
             print(f"encoder: tokenizers ({why_not})", flush=True)
+        phases.mark(phase)
         tokens_written = 0
         if todo:
             for name in ("blend.json", "manifest.json"):  # stale until this run ends
@@ -383,31 +362,26 @@ def run(config_path: str) -> int:
                     os.unlink(os.path.join(out, name))
             for t in todo:
                 shards.invalidate(t)
+            if cluster.ray is None:
+                cluster.start()
+                phases.mark("Ray start")
             written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
             tokens_written = sum(r["tokens"] for r in written.values())
             receipts.update(written)
-        cluster.stop()
+            phases.mark("shards")
+        if cluster.ray is not None:
+            cluster.stop()
+            phases.mark("Ray stop")
     manifest = write_outputs(settings, tok, files, sources, plan, receipts)
+    phases.mark("outputs")
     print(summary(manifest, len(todo), len(tasks) - len(todo), time.time() - started, tokens_written), flush=True)
+    print(phases.line(), flush=True)
     print(f"wrote {os.path.join(out, 'blend.json')} and manifest.json", flush=True)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
-    args = parser.parse_args(argv)
-    try:
-        return run(args.config)
-    except DataPrepError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except ClusterError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
-        return 130
+    return cli(PROG, __doc__.split("\n\n")[0], run, argv)
 
 
 if __name__ == "__main__":

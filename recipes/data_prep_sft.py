@@ -51,7 +51,6 @@ anything else (with its traceback); 143 on SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -68,9 +67,10 @@ from dataprep import chat, conversations, inputs, shards
 from dataprep import packed_parquet as pp
 from dataprep import sft_output as out_
 from dataprep import tokenizer as tokenization
-from dataprep.cluster import Cluster, ClusterError, where
+from dataprep.cluster import Cluster, where
 from dataprep.errors import BadRecordError, DataPrepError
-from dataprep.settings import dataset_entries, int_value, load_config, resolve_files, str_value
+from dataprep.settings import (Common, cli, bool_value, common_values, dataset_entries, int_value, load_config,
+                               resolve_files, str_value)
 
 PROG = "ultra3 data prep sft"
 FORMAT = "ultra3-sft-packed-parquet/1"
@@ -92,41 +92,18 @@ class Dataset:
 
 
 @dataclass
-class Settings:
-    datasets: list
-    tokenizer: str
+class Settings(Common):
     chat_template: str
-    output_dir: str
     pack_size: int
     pad_seq_to_mult: int
     truncate: bool
     valid_ratio: float
     test_ratio: float
-    num_shards: int
-    sample: int | None
-    force: bool
-    strict: bool
-    workers: int | None
     seed: int
     row_group_size: int | None
-    hf_cache_dir: str | None
-    progress_interval: float
-
-    @property
-    def out(self) -> str:
-        return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
 
 
 # ---- config --------------------------------------------------------------------------------------------
-
-def _bool(cfg: dict, key: str, default: bool) -> bool:
-    value = cfg.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise DataPrepError(f"{key} must be true or false, not {value!r}")
-    return value
-
 
 def _ratio(cfg: dict, key: str, default: float) -> float:
     value = cfg.get(key, default)
@@ -152,31 +129,19 @@ def parse_settings(cfg: dict) -> Settings:
     valid, test = _ratio(cfg, "valid_ratio", 0.01), _ratio(cfg, "test_ratio", 0.01)
     if valid + test >= 1:
         raise DataPrepError(f"valid_ratio + test_ratio = {valid + test} leaves nothing to train on")
-    interval = cfg.get("progress_interval", 30)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-        raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
     seed = cfg.get("seed", 1234)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise DataPrepError(f"seed must be an integer >= 0, not {seed!r}")
     return Settings(
-        datasets=datasets,
-        tokenizer=str_value(cfg, "tokenizer", required=True),
+        **common_values(cfg, datasets, 128),
         chat_template=str_value(cfg, "chat_template", "nemotron3") or "nemotron3",
-        output_dir=os.path.abspath(os.path.expanduser(str_value(cfg, "output_dir", required=True))),
         pack_size=pack_size,
         pad_seq_to_mult=mult,
-        truncate=_bool(cfg, "truncate", True),
+        truncate=bool_value(cfg, "truncate", True),
         valid_ratio=valid,
         test_ratio=test,
-        num_shards=int_value(cfg, "num_shards", 128, 1),
-        sample=int_value(cfg, "sample", None, 1, allow_none=True),
-        force=_bool(cfg, "force", False),
-        strict=_bool(cfg, "strict", False),
-        workers=int_value(cfg, "workers", None, 1, allow_none=True),
         seed=seed,
         row_group_size=int_value(cfg, "row_group_size", None, 1, allow_none=True),
-        hf_cache_dir=str_value(cfg, "hf_cache_dir"),
-        progress_interval=float(interval),
     )
 
 
@@ -584,20 +549,7 @@ def summary(m: dict, out: str, seconds: float, packing_seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
-    args = parser.parse_args(argv)
-    try:
-        return run(args.config)
-    except DataPrepError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except ClusterError as e:  # Ray could not be started or reached: one line, not a traceback
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
-        return 130
+    return cli(PROG, __doc__.split("\n\n")[0], run, argv)
 
 
 if __name__ == "__main__":

@@ -344,7 +344,7 @@ def test_a_shard_whose_sample_gigatoken_gets_wrong_falls_back_to_tokenizers(tmp_
 
     def wrong_on_zebra(self, texts):
         flat, counts = real(self, texts)
-        if any("zebra" in t for t in texts):
+        if any("zebra" in t for t in encoders.as_list(texts)):
             flat = flat.copy()
             flat[-1] ^= 1
         return flat, counts
@@ -494,6 +494,146 @@ def test_strict_stops_at_the_first_bad_record_with_one_line(ray_cluster, tmp_pat
     assert "invalid_json" in lines[0] and f"{corpus}:2" in lines[0] and "strict" in lines[0]
     assert not (tmp_path / "out" / "blend.json").exists()
     assert not list((tmp_path / "out" / "bad").glob("shard_*"))  # nothing half-written left behind
+
+
+# ---- the block decoder (Arrow's JSON reader) against line-by-line decoding -----------------------------------
+
+MIXED_LINES = [  # each a record unless blank; the comments name what the line-by-line decoder makes of it
+    b'{"text": "A good first document.", "meta": {"tags": ["x", 1, null], "score": 0.5}}',
+    b'{"text": null}',  # missing_field (null)
+    b'{"id": 7}',  # missing_field
+    b'{"text": " \\u3000\\u001c\\t "}',  # empty_text: only characters str.strip() strips
+    b"   ",  # blank: not a record
+    b'{"text": "\\u00e9t\\u00e9 \\ud83d\\ude00 escaped pair", "n": NaN}',
+    b'{"text": ""}',  # empty_text
+    b'\xef\xbb\xbf{"text": "after a byte-order mark"}',
+    b'{"text": "Unicode \xc3\xa9\xe2\x80\xa8 kept as is"}',
+    b'{"text": "x", "text": "the last of a repeated key"}',
+    b'{"text": "ok", "other": "bad \xff byte elsewhere"}',  # bad_utf8 (in a field not read)
+    b'{"text": "two"}{"text": "objects"}',  # invalid_json (extra data)
+    b'{"text": "lone \\udc00 in text"}',  # bad_utf8
+    b'{"text": "ok", "other": "lone \\ud800 elsewhere"}',  # good: the text is fine
+    b'{"text": 3.5}',  # not_a_string
+    b'{"text": "ok",}',  # invalid_json
+    b'{"text": "The last good document."}',
+]
+
+
+def _line_by_line(path: Path, start: int, end: int, bad) -> list[str]:
+    """The reference: every line through the line decoder (what the block decoder falls back to)."""
+    from dataprep import inputs
+
+    texts, n = [], 0
+    for lineno, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+        if not line.strip():
+            continue
+        if start <= n < end and (t := inputs._json_text(line, "text", f"{path}:{lineno}", bad)) is not None:
+            texts.append(t)
+        n += 1
+    return texts
+
+
+@pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])  # a line per block, a few, all in one
+def test_block_decoder_gives_the_texts_and_bad_records_of_line_by_line_decoding(tmp_path, monkeypatch,
+                                                                                 block_bytes):
+    from dataprep import inputs
+
+    monkeypatch.setattr(inputs, "BLOCK_BYTES", block_bytes)
+    corpus = tmp_path / "mixed.jsonl"
+    corpus.write_bytes(b"\n".join(MIXED_LINES * 3))  # no newline at the end
+    records = 3 * sum(1 for line in MIXED_LINES if line.strip())
+    for start, end in ((0, records), (5, 23), (17, 18)):
+        want_bad, got_bad = inputs.BadRecords(), inputs.BadRecords()
+        want = _line_by_line(corpus, start, end, want_bad)
+        blocks = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, got_bad))
+        assert [t for _, texts in blocks for t in texts.to_pylist()] == want
+        assert (got_bad.counts, got_bad.examples) == (want_bad.counts, want_bad.examples)
+    bad = inputs.BadRecords()
+    list(inputs.read_texts(str(corpus), "jsonl", "text", 0, records, bad))
+    assert bad.counts == {"missing_field": 6, "empty_text": 6, "bad_utf8": 6, "invalid_json": 6, "not_a_string": 3}
+    assert [e.split(": ")[0] for e in bad.examples["missing_field"]] == [f"{corpus}:{n}" for n in (2, 3, 19, 20, 36)]
+    assert [e.split(": ")[0] for e in bad.examples["empty_text"]] == [f"{corpus}:{n}" for n in (4, 7, 21, 24, 38)]
+
+
+def test_a_bad_record_in_the_middle_of_a_decoded_block_is_placed_exactly(tmp_path):
+    """One block of 2,000 records, decoded by Arrow in one go: the null, the blank text and (strict) the
+    first of them still name their own lines."""
+    from dataprep import inputs
+
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(2000)]
+    lines[1234] = '{"text": null}'
+    lines[1500] = '{"text": "\\n\\n  "}'
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    bad = inputs.BadRecords()
+    blocks = list(inputs.read_texts(str(corpus), "jsonl", "text", 0, 2000, bad))
+    assert len(blocks) == 1 and len(blocks[0][1]) == 1998
+    assert bad.examples == {"missing_field": [f"{corpus}:1235: no 'text' field"],
+                            "empty_text": [f"{corpus}:1501: 'text' is empty"]}
+    with pytest.raises(inputs.BadRecordError, match=f"missing_field.*{corpus}:1235"):
+        list(inputs.read_texts(str(corpus), "jsonl", "text", 0, 2000, inputs.BadRecords(strict=True)))
+
+
+def test_block_and_line_decoding_write_the_same_shard_bytes(tmp_path, monkeypatch):
+    """A shard written through Arrow's reader and the same shard decoded line by line (the reader made to
+    refuse every block): the same .bin/.idx, the same bad records."""
+    import pyarrow as pa
+    import pyarrow.json
+
+    docs = read_docs(TINY / "corpus.jsonl.gz", "text")[:400]
+    lines = [json.dumps({"id": i, "text": t}) for i, t in enumerate(docs)]
+    lines[10:10] = ['{"text": null}', '{"text": "  "}', '{"text": 5}', "{broken"]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    from dataprep import inputs
+
+    monkeypatch.setattr(inputs, "BLOCK_BYTES", 16 << 10)  # many blocks: the bad ones are in one
+    source = inputs.scan(str(corpus), "jsonl", "text")
+    tok_json = (TINY / "tokenizer.json").read_text()
+    sha = hashlib.sha256(tok_json.encode()).hexdigest()
+    task = shards.plan_dataset("d", str(tmp_path / "out"), "text", [source], 1, sha, 0, "uint16")[0]
+    read_json, decoded = pyarrow.json.read_json, []
+
+    def counted(*args, **kwargs):
+        table = read_json(*args, **kwargs)
+        decoded.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(pyarrow.json, "read_json", counted)
+    fast = shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="tokenizers")
+    assert sum(decoded) > 300  # most records went through Arrow
+    want = shard_hashes(tmp_path / "out")
+
+    def refuse(*args, **kwargs):
+        raise pa.ArrowInvalid("refused")
+
+    monkeypatch.setattr(pyarrow.json, "read_json", refuse)
+    slow = shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="tokenizers")
+    assert shard_hashes(tmp_path / "out") == want
+    assert slow["bad"] == fast["bad"] and fast["bad"]["counts"] == {"invalid_json": 1, "missing_field": 1,
+                                                                     "not_a_string": 1, "empty_text": 1}
+    assert fast["docs"] == 400 and fast["tokens"] == slow["tokens"]
+
+
+def test_blank_texts_in_parquet_are_found_in_arrays(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataprep import inputs
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"t": ["a", None, " \u2029", "b", "", "c"]}), path, row_group_size=4)
+    bad = inputs.BadRecords()
+    texts = [t for _, block in inputs.read_texts(str(path), "parquet", "t", 1, 6, bad) for t in block.to_pylist()]
+    assert texts == ["b", "c"]
+    assert bad.examples == {"missing_field": [f"{path}:row=1: no 't' field"],
+                            "empty_text": [f"{path}:row=2: 't' is empty", f"{path}:row=4: 't' is empty"]}
+
+
+def test_whitespace_is_what_str_strip_strips():
+    from dataprep import inputs
+
+    assert inputs.whitespace() == "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
 
 
 # ---- errors before anything is written -------------------------------------------------------------------

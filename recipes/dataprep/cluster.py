@@ -4,12 +4,16 @@ Embedded: `ray.init` on this machine's CPUs (those this process may run on), loo
 (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` makes Ray bind 127.0.0.1 instead of the routable address), no
 dashboard, usage stats off, a small object store (only task arguments and receipts travel through it);
 the workers find `recipes/dataprep` through PYTHONPATH, which they inherit. `ray.shutdown()` at the end
-stops every process it started; a SIGTERM (Slurm's scancel) ends the run through the same path.
+stops every process it started, all at once with SIGKILL once the driver has disconnected (an embedded Ray
+holds nothing worth the graceful exit Ray would wait for, process after process); a SIGTERM (Slurm's
+scancel) ends the run through the same path.
 
 `$RAY_ADDRESS` set (Ray on Slurm, a Ray job): connect to it; `recipes/dataprep` is shipped to the
 workers as a runtime-env `py_modules` entry, so they need not see this directory.
 
-Started lazily: a run whose shards are all done, or that stops on a config error, never starts Ray.
+Started lazily: a run whose shards are all done, or that stops on a config error, never starts Ray. A run
+that will write shards starts it while the driver counts the inputs and plans on a thread (`start_while`),
+then has the workers start (`warm`: imports, tokenizer) before the first shard is queued.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,10 +43,36 @@ class Cluster:
         self.ray = None
         self.cpus = 0
         self.address = os.environ.get("RAY_ADDRESS") or None
+        self._warming: list = []  # the refs of the warm-up tasks
+
+    def start_while(self, work, warm=None, args: tuple = (), slots: int | None = None, cpus_per_task: int = 1):
+        """Start Ray here (ray.init wants the main thread) while `work()` runs on a thread; then queue
+        `warm(*args)` as `slots` tasks (default: the cluster's CPUs / cpus_per_task), without waiting for
+        them, so that each starts a worker. Returns what `work()` returns, or raises what it raised."""
+        result: dict = {}
+
+        def run_work() -> None:
+            try:
+                result["value"] = work()
+            except BaseException as e:
+                result["error"] = e
+
+        thread = threading.Thread(target=run_work, name="while-ray-starts", daemon=True)
+        thread.start()
+        ray = self.start()
+        if warm is not None:
+            remote = ray.remote(num_cpus=cpus_per_task)(warm)
+            self._warming = [remote.remote(*args) for _ in range(slots or max(1, self.cpus // cpus_per_task))]
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
 
     def start(self):
-        if self.ray is not None:
-            return self.ray
+        """Ray, started (or connected to) on the first call."""
+        return self.ray if self.ray is not None else self._start()
+
+    def _start(self):
         for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_USAGE_STATS_ENABLED", "0"),
                            ("RAY_DEDUP_LOGS", "0")):
             os.environ.setdefault(key, value)
@@ -86,6 +117,9 @@ class Cluster:
 
     def stop(self) -> None:
         if self.ray is not None:
+            node = None if self.address else getattr(self.ray._private.worker, "_global_node", None)
+            if hasattr(node, "kill_all_processes"):  # ours: all of it at once (its agents too), not one by one
+                node.kill_all_processes = lambda **kw: kill_descendants()
             self.ray.shutdown()
             self.ray = None
 

@@ -65,6 +65,11 @@ def with_eod(flat: np.ndarray, counts: np.ndarray, eod_id: int, dtype: np.dtype)
     return out, lengths
 
 
+def as_list(texts) -> list[str]:
+    """The documents as Python strings (`texts`: a list of them, or a pyarrow string array)."""
+    return texts if isinstance(texts, list) else texts.to_pylist()
+
+
 class HFEncoder:
     name = "tokenizers"
 
@@ -73,11 +78,11 @@ class HFEncoder:
 
         self.tok = Tokenizer.from_str(tokenizer_json)
 
-    def ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids back to back as uint32, count per document)."""
-        return _flatten([e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)])
+    def ids(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """(ids back to back as uint32, count per document) of a list of str or a pyarrow string array."""
+        return _flatten([e.ids for e in self.tok.encode_batch_fast(as_list(texts), add_special_tokens=False)])
 
-    def encode(self, texts: list[str], eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts, eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         return with_eod(*self.ids(texts), eod_id, dtype)
 
 
@@ -91,7 +96,9 @@ class GigatokenEncoder:
         self.backend = gigatoken.Tokenizer.from_json(tokenizer_json).backend
         self.parallel = parallel
 
-    def ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def ids(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        if not isinstance(texts, list):  # a pyarrow string array: its buffers, with no Python object per text
+            texts = _awkward_strings(texts)
         batch = self.backend.encode_batch(texts, parallel=self.parallel)  # an awkward Array, var * uint32
         layout = batch.layout
         if type(layout).__name__ == "ListOffsetArray":  # the usual form: read its two buffers directly
@@ -106,8 +113,22 @@ class GigatokenEncoder:
         """Without awkward (cheaper to import): for the driver's check."""
         return self.backend.encode_batch_list(texts, parallel=False)
 
-    def encode(self, texts: list[str], eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts, eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         return with_eod(*self.ids(texts), eod_id, dtype)
+
+
+def _awkward_strings(texts):
+    """A pyarrow string array without nulls as the awkward array of strings gigatoken reads in place (it wants
+    64-bit offsets)."""
+    import awkward as ak
+    import pyarrow as pa
+
+    texts = texts.cast(pa.large_string())
+    offsets = np.frombuffer(texts.buffers()[1], np.int64)[texts.offset:texts.offset + len(texts) + 1]
+    chars = np.frombuffer(texts.buffers()[2] or b"", np.uint8)
+    return ak.Array(ak.contents.ListOffsetArray(ak.index.Index64(offsets),
+                                                ak.contents.NumpyArray(chars, parameters={"__array__": "char"}),
+                                                parameters={"__array__": "string"}))
 
 
 def _version(dist: str) -> str:
@@ -234,10 +255,10 @@ class ShardEncoder:
             raise EncoderError(f"encoder: gigatoken cannot be used: {why}")
         self.fallback, self.enc, self.pending = why, self.reference, False
 
-    def _calibrate(self, texts: list[str]) -> None:
+    def _calibrate(self, texts) -> None:
         self.pending = False
         sample, budget = [], CALIBRATION_CHARS
-        for text in texts[:CALIBRATION_DOCS]:
+        for text in as_list(texts[:CALIBRATION_DOCS]):
             if budget <= 0:
                 break
             sample.append(text[:budget])  # a long document counts by its head
@@ -250,7 +271,7 @@ class ShardEncoder:
         if why is not None:
             self._drop(f"on this shard's calibration sample, {why}")
 
-    def encode(self, texts: list[str], eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts, eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         if self.pending:
             self._calibrate(texts)
         return self.enc.encode(texts, eod_id, dtype)

@@ -11,6 +11,7 @@ few places it happened, as `file:line` or `file:row=N`) and skipped, or under `s
 
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import hashlib
@@ -29,6 +30,7 @@ EXTENSIONS = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz
 BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty_text")
 MAX_EXAMPLES = 5  # places kept per kind of bad record, per shard and per dataset
 FINGERPRINT_BYTES = 1 << 20
+BLOCK_BYTES = 8 << 20  # JSONL read and decoded at once
 
 
 def detect_format(path: str) -> str:
@@ -197,28 +199,102 @@ def _text(value, text_field: str, where: str, bad: BadRecords, escaped: bool = T
     return value
 
 
-def read_texts(path: str, fmt: str, text_field: str, start: int, end: int,
-               bad: BadRecords) -> Iterator[tuple[int, str]]:
-    """(record size in bytes, text) of each good record numbered [start, end) in the file, in order."""
+def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: BadRecords) -> Iterator[tuple]:
+    """Blocks of the good records numbered [start, end) in the file, in order: (input bytes, texts), the texts
+    a pyarrow large_string array."""
     if fmt == PARQUET:
         yield from _parquet_texts(path, text_field, start, end, bad)
         return
     n = 0  # record number of the next non-blank line
+    lineno = 0
     with open_binary(path, fmt) as f:
-        for lineno, line in enumerate(f, 1):
-            if _blank(line):
-                continue
-            if n >= start:
+        while n < end and (chunk := f.readlines(BLOCK_BYTES)):
+            lines, linenos = [], []
+            for lineno, line in enumerate(chunk, lineno + 1):
+                if _blank(line):
+                    continue
                 if n >= end:
-                    return
-                text = _json_text(line, text_field, f"{path}:{lineno}", bad)
-                if text is not None:
-                    yield len(line), text
-            n += 1
+                    break
+                if n >= start:
+                    lines.append(line)
+                    linenos.append(lineno)
+                n += 1
+            texts = _jsonl_block(path, lines, linenos, text_field, bad) if lines else ()
+            if len(texts):
+                yield sum(map(len, lines)), texts
 
 
-def _parquet_texts(path: str, text_field: str, start: int, end: int,
-                   bad: BadRecords) -> Iterator[tuple[int, str]]:
+def _jsonl_block(path: str, lines: list[bytes], linenos: list[int], text_field: str, bad: BadRecords):
+    """The texts of a block of JSONL records. Arrow's C++ JSON reader decodes the whole block; a block it
+    refuses, or reads otherwise than one record per line (it is more lenient in a few places), or that is
+    not valid UTF-8 throughout, is decoded again line by line, so every bad record is found and placed as
+    if the block had been read line by line."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    data = b"".join(lines)
+    options = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.large_string())]),
+                              unexpected_field_behavior="ignore")
+    try:
+        _utf8(data).validate(full=True)
+        table = pj.read_json(pa.BufferReader(data), parse_options=options,
+                             read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        table = None
+    if table is None or table.num_rows != len(lines):
+        texts = (_json_text(line, text_field, f"{path}:{n}", bad) for line, n in zip(lines, linenos))
+        return pa.array([t for t in texts if t is not None], pa.large_string())
+    return _checked(table.column(0).combine_chunks(), lambda i: f"{path}:{linenos[i]}", text_field, bad)
+
+
+def _utf8(data: bytes):
+    """`data` as one large_string value (not copied): its `validate(full=True)` checks UTF-8."""
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], np.int64)), pa.py_buffer(data))
+
+
+@functools.cache
+def whitespace() -> str:
+    """Every character str.strip() strips (all of them are below U+3001: tested over the whole range)."""
+    return "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+
+
+def _checked(texts, where, text_field: str, bad: BadRecords):
+    """`texts` (a string array, one value per record) without its missing and empty texts, which are counted
+    as bad records at `where(i)`, in record order."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    texts = texts.cast(pa.large_string())
+    n = len(texts)
+    missing = texts.is_null().to_numpy(zero_copy_only=False) if texts.null_count else np.zeros(n, dtype=bool)
+    offsets = np.frombuffer(texts.buffers()[1], np.int64)[texts.offset:texts.offset + n + 1]
+    chars = np.frombuffer(texts.buffers()[2] or b"\0", np.uint8)
+    first = chars[np.minimum(offsets[:-1], chars.size - 1)]
+    # only a text that is empty or starts with something other than printable ASCII can be blank
+    maybe = np.flatnonzero(~missing & ((offsets[1:] == offsets[:-1]) | (first < 0x21) | (first > 0x7E)))
+    empty = np.zeros(n, dtype=bool)
+    if maybe.size:
+        stripped = pc.utf8_ltrim(texts.take(pa.array(maybe)), characters=whitespace())
+        empty[maybe] = pc.binary_length(stripped).to_numpy(zero_copy_only=False) == 0
+    drop = np.flatnonzero(missing | empty)
+    for i in drop:
+        if missing[i]:
+            bad.add("missing_field", where(i), f"no {text_field!r} field")
+        else:
+            bad.add("empty_text", where(i), f"{text_field!r} is empty")
+    if not drop.size:
+        return texts
+    keep = np.ones(n, dtype=bool)
+    keep[drop] = False
+    return texts.filter(pa.array(keep))
+
+
+def _parquet_texts(path: str, text_field: str, start: int, end: int, bad: BadRecords) -> Iterator[tuple]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
@@ -227,13 +303,16 @@ def _parquet_texts(path: str, text_field: str, start: int, end: int,
         return
     row = first
     for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=[text_field], use_threads=False):
-        values = batch.column(0).to_pylist()
-        lo, hi = max(start - row, 0), min(end - row, len(values))
-        for i in range(lo, hi):
-            text = _text(values[i], text_field, f"{path}:row={row + i}", bad)
-            if text is not None:
-                yield len(text), text
-        row += len(values)
+        lo, hi = max(start - row, 0), min(end - row, batch.num_rows)
+        column, base = batch.column(0).slice(lo, hi - lo), row + lo
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            texts = _checked(column, lambda i: f"{path}:row={base + i}", text_field, bad)
+        else:  # bytes, numbers, ...: value by value
+            texts = (_text(v, text_field, f"{path}:row={base + i}", bad) for i, v in enumerate(column.to_pylist()))
+            texts = pa.array([t for t in texts if t is not None], pa.large_string())
+        if len(texts):
+            yield texts.nbytes, texts
+        row += batch.num_rows
         if row >= end:
             return
 

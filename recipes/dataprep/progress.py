@@ -59,6 +59,23 @@ class Clock:
         return time.time() - self.start
 
 
+class Phases:
+    """Wall time per phase of a run, for its closing line."""
+
+    def __init__(self) -> None:
+        self.last = time.time()
+        self.seconds: dict = {}
+
+    def mark(self, phase: str) -> None:
+        """The time since the last mark was spent on `phase`."""
+        now = time.time()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def line(self) -> str:
+        return "time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items())
+
+
 def table(rows: list[list], header: list[str]) -> str:
     cells = [[str(c) for c in header]] + [[f"{c:,}" if isinstance(c, int) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]

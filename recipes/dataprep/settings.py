@@ -1,13 +1,37 @@
-"""What both data-prep runtimes share before the work starts: reading the config, typed config values,
-and finding the input files of the blend (local first, then the hub)."""
+"""What both data-prep runtimes share before the work starts: the command line (`cli`), reading the config,
+typed config values, the settings both have (`Common`), and finding the input files of the blend (local
+first, then the hub)."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from . import inputs
+from .cluster import ClusterError
 from .errors import DataPrepError
+
+
+def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None) -> int:
+    """`--config PATH` to `run`; its config and input errors as one line and exit 2, Ray's as one line and 1."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.config)
+    except DataPrepError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except ClusterError as e:  # Ray could not be started or reached: not a traceback
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 def load_config(path: str) -> dict:
@@ -33,6 +57,15 @@ def int_value(cfg: dict, key: str, default, low: int, allow_none: bool = False):
     return value
 
 
+def bool_value(cfg: dict, key: str, default: bool = False) -> bool:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise DataPrepError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
 def str_value(cfg: dict, key: str, default=None, required: bool = False) -> str | None:
     value = cfg.get(key, default)
     if value is None or value == "":
@@ -42,6 +75,45 @@ def str_value(cfg: dict, key: str, default=None, required: bool = False) -> str 
     if not isinstance(value, str):
         raise DataPrepError(f"{key} must be a string, not {value!r}")
     return value
+
+
+@dataclass
+class Common:
+    """The settings of both runtimes (each adds its own in a subclass)."""
+
+    datasets: list
+    tokenizer: str
+    output_dir: str
+    num_shards: int
+    sample: int | None
+    force: bool
+    strict: bool
+    workers: int | None
+    hf_cache_dir: str | None
+    progress_interval: float
+
+    @property
+    def out(self) -> str:
+        return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
+
+
+def common_values(cfg: dict, datasets: list, num_shards: int) -> dict:
+    """The fields of Common from the config, checked (`num_shards`: its default)."""
+    interval = cfg.get("progress_interval", 30)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
+    return {
+        "datasets": datasets,
+        "tokenizer": str_value(cfg, "tokenizer", required=True),
+        "output_dir": os.path.abspath(os.path.expanduser(str_value(cfg, "output_dir", required=True))),
+        "num_shards": int_value(cfg, "num_shards", num_shards, 1),
+        "sample": int_value(cfg, "sample", None, 1, allow_none=True),
+        "force": bool_value(cfg, "force"),
+        "strict": bool_value(cfg, "strict"),
+        "workers": int_value(cfg, "workers", None, 1, allow_none=True),
+        "hf_cache_dir": str_value(cfg, "hf_cache_dir"),
+        "progress_interval": float(interval),
+    }
 
 
 def resolve_files(settings) -> dict:

@@ -5,9 +5,10 @@ cut into `num_shards` contiguous ranges of (nearly) equal record counts: shard i
 [i*N // n, (i+1)*N // n). The plan is a function of the input files and the config only, never of the
 number of workers or their timing, so every run writes the same bytes.
 
-Shard. `write_shard` reads its records, tokenizes them in batches (encoders.py: gigatoken where it
-reproduces `tokenizers` exactly, else `tokenizers`; the same bytes either way), appends EOD and writes
-`shard_NNNNNN.bin/.idx` (numpy arrays, one write per batch) under temporary names (`*.tmp-<random>`), fsyncs, renames them to their final names, and only then
+Shard. `write_shard` reads its records in blocks (inputs.read_texts), tokenizes each block (encoders.py:
+gigatoken where it reproduces `tokenizers` exactly, else `tokenizers`; the same bytes either way), appends
+EOD and writes `shard_NNNNNN.bin/.idx` (numpy arrays, one write per block) under temporary names
+(`*.tmp-<random>`), fsyncs, renames them to their final names, and only then
 writes the receipt `shard_NNNNNN.json` (again tmp + rename). No shard is visible under its final name
 half-written, and a shard without a valid receipt is written again from scratch.
 
@@ -39,8 +40,6 @@ FORMAT = "ultra3-binidx/1"
 SHARD_NAME = "shard_{:06d}"
 SHARD_FILE = re.compile(r"^shard_(\d{6})\.(bin|idx|json)$")
 TMP_MARK = ".tmp-"
-BATCH_DOCS = 1024
-BATCH_BYTES = 4 << 20
 PROGRESS_EVERY_S = 1.0
 
 
@@ -204,17 +203,18 @@ def invalidate(task: ShardTask) -> None:
 
 # ---- the work ------------------------------------------------------------------------------------------
 
-def _batches(task: ShardTask, bad: BadRecords):
-    texts, size = [], 0
+def _blocks(task: ShardTask, bad: BadRecords):
+    """(input bytes, texts) blocks of the shard's good records, in order (inputs.read_texts)."""
     for piece in task.pieces:
-        for nbytes, text in read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad):
-            texts.append(text)
-            size += nbytes
-            if len(texts) >= BATCH_DOCS or size >= BATCH_BYTES:
-                yield texts, size
-                texts, size = [], 0
-    if texts:
-        yield texts, size
+        yield from read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad)
+
+
+def warm(tokenizer_json: str, tokenizer_sha: str, encoder: str, threads: int = 1) -> None:
+    """A warm-up task: what a worker's first shard task would otherwise wait for (imports, encoders)."""
+    import pyarrow.compute  # noqa: F401 (inputs.read_texts imports them)
+    import pyarrow.json  # noqa: F401
+
+    encoders.ShardEncoder(encoder, tokenizer_json, tokenizer_sha, threads).encode(["warm-up"], 0, np.dtype(np.int32))
 
 
 def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id: int, dtype: str,
@@ -239,7 +239,7 @@ def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
     bad = BadRecords(strict=strict)
     read_bytes, last = 0, time.time()
     try:
-        for texts, size in _batches(task, bad):
+        for size, texts in _blocks(task, bad):
             writer.add(*enc.encode(texts, eod_id, np_dtype))
             read_bytes += size
             if progress is not None and time.time() - last >= PROGRESS_EVERY_S:
