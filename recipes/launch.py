@@ -6,9 +6,14 @@ Stdlib (plus PyYAML) only until the preflight has passed."""
 from __future__ import annotations
 
 import argparse
+import collections
+import ipaddress
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,6 +22,8 @@ sys.path.insert(0, HERE)
 import preflight  # noqa: E402
 
 PREFLIGHT_EXIT = 3
+WAIT_S = 600  # for the other nodes: their preflight, the Ray head's address, every Ray node
+HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"  # the first node's address, set by the job script
 
 
 def load(path: str) -> dict:
@@ -36,7 +43,7 @@ def torchrun_argv(cfg: dict, script: str, config: str) -> list[str]:
     if nodes == 1:
         argv.append("--standalone")
     else:
-        head = os.environ.get("ULTRA3_HEAD_NODE") or os.environ.get("MASTER_ADDR", "localhost")
+        head = os.environ.get(HEAD_NODE_VAR) or os.environ.get("MASTER_ADDR", "localhost")
         argv += [f"--nnodes={nodes}", f"--node-rank={os.environ.get('SLURM_NODEID', '0')}",
                  "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:29500", f"--rdzv-id={job['id']}"]
     return [*argv, script, "--config", config]
@@ -46,71 +53,214 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
+    # one write per line (not two, as unbuffered print does): the nodes' launchers share the job log
+    sys.stdout.reconfigure(line_buffering=True, write_through=False)
     cfg = load(args.config)
-    if not preflight.report(cfg):
+    nodes = int(os.environ.get("SLURM_NNODES", "1"))
+    if nodes > 1:
+        print(f"node {os.environ.get('SLURM_NODEID')} of {nodes}: {os.environ.get('SLURMD_NODENAME')}")
+    if not (preflight_everywhere(cfg, nodes) if nodes > 1 else preflight.report(cfg)):
         raise SystemExit(PREFLIGHT_EXIT)
     script = os.path.join(HERE, cfg["job"]["recipe"])
     if cfg["job"]["launch"] == "torchrun":
         argv = torchrun_argv(cfg, script, args.config)
     else:
         argv = [sys.executable, script, "--config", args.config]
-    if cfg["job"]["launch"] == "ray" and int(os.environ.get("SLURM_NNODES", "1")) > 1:
+    if cfg["job"]["launch"] == "ray" and nodes > 1:
         raise SystemExit(ray_across_nodes(cfg, argv))
-    print("+ " + " ".join(argv), flush=True)
+    print("+ " + " ".join(argv))
     os.execv(argv[0], argv)
 
 
-RAY_PORT = 6379
+def job_file(cfg: dict, name: str) -> str:
+    """A file of this Slurm job (this attempt) in the shared job dir, for the nodes to meet."""
+    job = f"{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return os.path.join(cfg["job"]["dir"], f"{name}-{job}")
+
+
+def preflight_everywhere(cfg: dict, nodes: int) -> bool:
+    """This node's preflight, then the others': all nodes go on or all stop, each reporting its own
+    problems (the first node to exit non-zero ends the others: srun --kill-on-bad-exit)."""
+    ok = preflight.report(cfg)
+    mine = job_file(cfg, f"preflight-node{os.environ.get('SLURM_NODEID', '0')}")
+    with open(mine + ".tmp", "w") as f:
+        f.write("ok" if ok else "failed")
+    os.replace(mine + ".tmp", mine)
+    files = [job_file(cfg, f"preflight-node{rank}") for rank in range(nodes)]
+    deadline = time.time() + WAIT_S
+    while not all(os.path.exists(f) for f in files) and time.time() < deadline:
+        time.sleep(1)
+    failed = [rank for rank, f in enumerate(files) if read(f) != "ok"]
+    if not failed:
+        return True
+    if ok:
+        print(f"stopping: the preflight failed on node(s) {', '.join(map(str, failed))}")
+    if os.environ.get("SLURM_NODEID", "0") != "0":
+        raise SystemExit(0)
+    # The first node exits 3 for the job once the others are gone (srun would end a node still running
+    # then, and the job's exit code would be that node's 143).
+    time.sleep(2)
+    return False
 
 
 def ray_across_nodes(cfg: dict, driver: list[str]) -> int:
     """A Ray cluster over the Slurm allocation: the head and the driver on the first node, a worker on
-    every other; the head's exit marker (in the shared job dir) releases the workers with exit 0."""
-    head = os.environ.get("ULTRA3_HEAD_NODE") or "127.0.0.1"
-    done = os.path.join(cfg["job"]["dir"], "ray-cluster.done")
-    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    every other. Each node picks free ports of its own (nothing collides with another Ray on the same
+    machine); the head publishes its address in the shared job dir, and its exit marker there releases
+    the workers with exit 0."""
+    tag = job_file(cfg, "ray")
     # The cluster lives and dies with this allocation: no token (a token file would be a secret in the
-    # shared job dir), and the same setting for the head, the workers, the driver and the wait below.
+    # shared job dir), and the same setting for the head, the workers and the drivers.
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    env = dict(os.environ)
-    if os.environ.get("SLURM_NODEID", "0") != "0":
-        worker = subprocess.Popen([ray, "start", "--block", f"--address={head}:{RAY_PORT}"], env=env)
-        while not os.path.exists(done):
-            if worker.poll() is not None:
-                return worker.returncode or 1
-            time.sleep(2)
-        worker.terminate()
-        return 0
-    head_proc = subprocess.Popen([ray, "start", "--head", "--block", f"--node-ip-address={head}",
-                                  f"--port={RAY_PORT}", "--disable-usage-stats"], env=env)
+    os.environ.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "2")
+    # workers report their tasks every 100 ms, not every second: fewer of those ending just before the
+    # driver go missing from the tasks-per-node line
+    os.environ.setdefault("RAY_task_events_report_interval_ms", "100")
+    temp = tempfile.mkdtemp(prefix="ray-u3-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     try:
-        _wait_for_nodes(f"{head}:{RAY_PORT}", int(os.environ["SLURM_NNODES"]))
-        print("+ " + " ".join(driver), flush=True)
-        return subprocess.call(driver, env={**env, "RAY_ADDRESS": f"{head}:{RAY_PORT}"})
+        if os.environ.get("SLURM_NODEID", "0") == "0":
+            return _ray_head(cfg, driver, tag, temp)
+        return _ray_worker(cfg, tag, temp)
     finally:
-        with open(done, "w") as f:
-            f.write("done\n")
-        head_proc.terminate()
-        head_proc.wait(timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
-def _wait_for_nodes(address: str, nodes: int, timeout: float = 600) -> None:
+def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.Popen:
+    """`ray start --block` for this node: its Slurm CPUs, no dashboard, free ports (Ray's fixed defaults,
+    such as the dashboard agent's 52365, collide between Rays on one machine)."""
+    argv = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--disable-usage-stats",
+            f"--temp-dir={temp}", "--min-worker-port=0", "--max-worker-port=0",
+            f"--dashboard-agent-listen-port={free_port(ip)}", *extra]
+    if ip:
+        argv.append(f"--node-ip-address={ip}")
+    if os.environ.get("SLURM_CPUS_ON_NODE"):
+        argv.append(f"--num-cpus={os.environ['SLURM_CPUS_ON_NODE']}")
+    if cfg.get("object_store_mb"):
+        argv.append(f"--object-store-memory={int(cfg['object_store_mb']) << 20}")
+    print("+ " + " ".join(argv))
+    return subprocess.Popen(argv)
+
+
+def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:
+    ip = socket.gethostbyname((os.environ.get(HEAD_NODE_VAR) or node_address() or "127.0.0.1").split()[0])
+    # Ray moves a loopback head to the machine's routable address unless told it is a one-machine cluster
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0" if ipaddress.ip_address(ip).is_loopback else "1"
+    port = free_port(ip)
+    head = _ray_start(cfg, ip, temp, "--head", f"--port={port}", f"--ray-client-server-port={free_port(ip)}",
+                      "--include-dashboard=false")
+    address = f"{joinable(ip)}:{port}"  # for this process, the driver and the workers
     import ray
 
-    deadline = time.time() + timeout
+    try:
+        _connect(ray, address, head)
+        with open(tag + ".tmp", "w") as f:
+            f.write(address)
+        os.replace(tag + ".tmp", tag + ".head")
+        _wait_for_nodes(ray, int(os.environ["SLURM_NNODES"]), head)
+        print("+ " + " ".join(driver))
+        code = subprocess.call(driver, env={**os.environ, "RAY_ADDRESS": address})
+        print(f"ray tasks per node: {tasks_per_node(ray)}")
+        return code
+    finally:
+        with open(tag + ".done", "w") as f:
+            f.write("done\n")
+        ray.shutdown()
+        head.terminate()  # --block: stops every Ray process it started
+        head.wait(timeout=120)
+
+
+def _ray_worker(cfg: dict, tag: str, temp: str) -> int:
+    deadline = time.time() + WAIT_S
+    while not os.path.exists(tag + ".head"):
+        if os.path.exists(tag + ".done"):
+            return 0  # the head stopped before its cluster was up: its exit code tells why
+        if time.time() > deadline:
+            print(f"{preflight.MARK}: no Ray head address in {tag}.head after {WAIT_S}s")
+            return PREFLIGHT_EXIT
+        time.sleep(1)
+    address = read(tag + ".head")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # Ray refuses to add a node without it
+    worker = _ray_start(cfg, node_address(), temp, f"--address={address}")
+    while not os.path.exists(tag + ".done"):
+        if worker.poll() is not None:
+            return worker.returncode or 1
+        time.sleep(1)
+    worker.terminate()
+    worker.wait(timeout=120)
+    return 0
+
+
+def _connect(ray, address: str, head: subprocess.Popen) -> None:
+    deadline = time.time() + WAIT_S
     while True:
         try:
             ray.init(address=address, logging_level="ERROR")
-            alive = sum(1 for n in ray.nodes() if n["Alive"])
-            ray.shutdown()
-            if alive >= nodes:
-                print(f"ray cluster up: {alive} nodes", flush=True)
-                return
+            return
         except ConnectionError:
+            if head.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"{preflight.MARK}: the Ray head at {address} did not start") from None
+            time.sleep(1)
+
+
+def _wait_for_nodes(ray, nodes: int, head: subprocess.Popen) -> None:
+    deadline = time.time() + WAIT_S
+    while len(alive := sorted((n["NodeManagerAddress"], n["Resources"].get("CPU", 0))
+                              for n in ray.nodes() if n["Alive"])) < nodes:
+        if head.poll() is not None or time.time() > deadline:
+            raise SystemExit(f"{preflight.MARK}: the Ray cluster has {len(alive)} of {nodes} nodes "
+                             f"after {WAIT_S}s")
+        time.sleep(1)
+    print(f"ray cluster up: {len(alive)} nodes ({', '.join(f'{ip} with {cpus:g} CPU(s)' for ip, cpus in alive)})")
+
+
+def tasks_per_node(ray) -> str:
+    """The Ray tasks each node ran (from Ray's timeline), e.g. `127.0.0.1: 3 write_shard`."""
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for event in ray.timeline():
+        if event["cat"].startswith("task::"):
+            counts[event["pid"]][event["cat"][len("task::"):]] += 1
+    return "; ".join(f"{node}: " + ", ".join(f"{n} {name}" for name, n in sorted(c.items()))
+                     for node, c in sorted(counts.items())) or "none"
+
+
+def node_address() -> str | None:
+    """This Slurm node's address (its NodeAddr) as an IP, or None (Ray then picks one)."""
+    name = os.environ.get("SLURMD_NODENAME")
+    if not name:
+        return None
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True,
+                             timeout=60, check=False).stdout
+        addr = out.split("NodeAddr=", 1)[1].split()[0]
+        return socket.gethostbyname(addr)
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def joinable(ip: str) -> str:
+    """The head's address for Ray clients, which replace a literal loopback address by the machine's
+    routable one: on a one-machine cluster, this machine's name where it resolves to `ip`."""
+    if ipaddress.ip_address(ip).is_loopback:
+        try:
+            if socket.gethostbyname(socket.gethostname()) == ip:
+                return socket.gethostname()
+        except OSError:
             pass
-        if time.time() > deadline:
-            raise SystemExit(f"{preflight.MARK}: the Ray cluster did not reach {nodes} nodes in {timeout:.0f}s")
-        time.sleep(3)
+    return ip
+
+
+def read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def free_port(ip: str | None) -> int:
+    with socket.socket() as s:
+        s.bind((ip or "", 0))
+        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

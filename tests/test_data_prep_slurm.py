@@ -14,16 +14,25 @@ from conftest import wait_for
 pytestmark = pytest.mark.slurm
 
 
-def _run_to_completion(cli, *stage: str) -> tuple[str, str]:
-    sub = cli(*stage, "-c", "tiny", "--batch", "ci")
+def submit(cli, *argv: str) -> tuple[str, str]:
+    """Submit a job; its (job id, job dir)."""
+    sub = cli(*argv)
     assert sub.rc == 0, sub.err
-    job_id = sub.out.split()[1]
-    job_dir = sub.out.split("job dir: ", 1)[1].split()[0]
+    return sub.out.split()[1], sub.out.split("job dir: ", 1)[1].split()[0]
+
+
+def finish(cli, job_id: str, state: str = "COMPLETED (exit code 0)") -> tuple[str, str]:
+    """Wait for the job to end in `state`; its (status, log)."""
     ended = wait_for(lambda: (r := cli("jobs", "status", job_id, prog="nemotron")).rc == 0 and
                      any(s in r.out for s in ("COMPLETED", "FAILED", "CANCELLED")) and r, timeout=300, interval=2)
     logs = cli("jobs", "logs", job_id, prog="nemotron").out
-    assert ended and "state:     COMPLETED (exit code 0)" in ended.out, (ended and ended.out, logs[-3000:])
-    return job_dir, logs
+    assert ended and f"state:     {state}" in ended.out, (ended and ended.out, logs[-3000:])
+    return ended.out, logs
+
+
+def _run_to_completion(cli, *stage: str) -> tuple[str, str]:
+    job_id, job_dir = submit(cli, *stage, "-c", "tiny", "--batch", "ci")
+    return job_dir, finish(cli, job_id)[1]
 
 
 def test_pretrain_data_prep_on_slurm(slurm, cli, home):

@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Start a single-node Slurm cluster (with slurmdbd accounting) on 127.0.0.1,
-# without systemd. Run as root. Safe to re-run: daemons already up are kept,
-# daemons it started itself are restarted when the generated config changes.
+# Start a local Slurm cluster (with slurmdbd accounting) on loopback, without
+# systemd. Run as root. Safe to re-run: daemons already up are kept, daemons it
+# started itself are restarted when the generated config changes.
+#
+# Nodes: "localhost" (127.0.0.1, slurmd port 6818) alone in the default
+# partition, plus "localhost2".. (127.0.0.2.., ports 6820..), all of them in the
+# multi-node partition; each its own slurmd on this machine (`slurmd -N NAME`),
+# with the same CPUs and fake GPUs. Debian's Slurm is built without
+# --enable-multiple-slurmd (slurmctld rejects two nodes with one NodeHostname),
+# so each node has a NodeHostname and a loopback NodeAddr of its own; per-node
+# Port=, %n in the slurmd pid/spool/log paths and `slurmd -N` work all the same.
 #
 # Every daemon started here has its PID recorded in /run/slurm-local/;
 # stop.sh stops exactly those. Daemons found running are reused, not recorded.
@@ -10,7 +18,9 @@
 #   SLURM_LOCAL_CPUS=8              CPUs advertised (may exceed the real cores)
 #   SLURM_LOCAL_GPUS=4              fake GPUs (gres/gpu backed by /dev/null)
 #   SLURM_LOCAL_MEM_MB=<MemTotal-1024>
-#   SLURM_LOCAL_PARTITION=debug
+#   SLURM_LOCAL_PARTITION=debug      the default partition: node localhost only
+#   SLURM_LOCAL_NODES=2              nodes in all (1: no second node, no multi partition)
+#   SLURM_LOCAL_MULTI_PARTITION=multi  the partition of all the nodes
 #   SLURM_LOCAL_CLUSTER=localcluster
 #   SLURM_LOCAL_ACCOUNTS="ultra3"   accounts created, each with an association for root
 #   SLURM_LOCAL_TIMEOUT=60          seconds to wait for each daemon and for the node
@@ -22,6 +32,8 @@ CPUS=${SLURM_LOCAL_CPUS:-8}
 GPUS=${SLURM_LOCAL_GPUS:-4}
 MEM_MB=${SLURM_LOCAL_MEM_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024) - 1024}' /proc/meminfo)}
 PARTITION=${SLURM_LOCAL_PARTITION:-debug}
+NODES=${SLURM_LOCAL_NODES:-2}
+MULTI=${SLURM_LOCAL_MULTI_PARTITION:-multi}
 CLUSTER=${SLURM_LOCAL_CLUSTER:-localcluster}
 ACCOUNTS=${SLURM_LOCAL_ACCOUNTS-ultra3}
 TIMEOUT=${SLURM_LOCAL_TIMEOUT:-60}
@@ -31,7 +43,7 @@ CONF=/etc/slurm
 LOGS=/var/log/slurm
 DB_DIR=/var/lib/slurm-local/mysql
 DB_SOCK=/run/mysqld/mysqld.sock # libmariadb's default, which slurmdbd uses
-NODE=localhost
+NODE=localhost                  # node 1; node k is localhost<k> on 127.0.0.<k>, slurmd port 6818+k
 PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server)
 
 # die REASON [LOGFILE]: one-line reason, then the end of the relevant log
@@ -42,12 +54,16 @@ die() {
 }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root"
-for v in CPUS GPUS MEM_MB TIMEOUT; do
+for v in CPUS GPUS MEM_MB TIMEOUT NODES; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "SLURM_LOCAL_$v must be a whole number, not '${!v}'"
 done
+((NODES >= 1 && NODES <= 9)) || die "SLURM_LOCAL_NODES must be 1 to 9, not '$NODES'"
+names=("$NODE")
+for ((k = 2; k <= NODES; k++)); do names+=("$NODE$k"); done
+all_nodes=$(IFS=,; echo "${names[*]}")
 
 pid_in() { cat "$1" 2>/dev/null || true; }
-ours() { alive "$(pid_in "$STATE/$1.pid")" "$1"; }
+ours() { alive "$(pid_in "$STATE/$1.pid")" "$(comm_of "$1")"; }
 # wait_for WHAT LOGFILE CMD...: poll CMD until it succeeds or TIMEOUT expires
 wait_for() {
   local what=$1 logf=$2 end=$((SECONDS + TIMEOUT)) last
@@ -92,11 +108,12 @@ SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+# one slurmd per node on this machine: %n is the node name
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/slurmd.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
 MailProg=/bin/true
 MpiDefault=none
 # no cgroups in containers; pgid also kills job children that stay in the job's process group
@@ -118,12 +135,20 @@ ReturnToService=2
 MinJobAge=300
 KillWait=5
 $gres_types
-NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB$gres_node State=UNKNOWN
+NodeName=DEFAULT CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB$gres_node State=UNKNOWN
+# the other nodes first: while \"localhost\" is the only node, Slurm takes any unknown node name for it
+# (and would reject the next node as a duplicate)"
+for ((k = 2; k <= NODES; k++)); do slurm_conf+="
+NodeName=$NODE$k NodeAddr=127.0.0.$k NodeHostname=$NODE$k Port=$((6818 + k))"; done
+slurm_conf+="
+NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=localhost
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP"
+if [ "$NODES" -gt 1 ]; then slurm_conf+="
+PartitionName=$MULTI Nodes=$all_nodes MaxTime=INFINITE State=UP"; fi
 
 # gres/gpu File= must be a device: symlinks to /dev/null pass the check
 gres_conf=''
-if [ "$GPUS" -gt 0 ]; then gres_conf="NodeName=$NODE Name=gpu File=$STATE/gpu[0-$((GPUS - 1))]"; fi
+if [ "$GPUS" -gt 0 ]; then gres_conf="NodeName=$all_nodes Name=gpu File=$STATE/gpu[0-$((GPUS - 1))]"; fi
 
 # root reaches MariaDB through the socket (unix_socket auth): no password needed
 dbd_conf="# Generated by scripts/slurm-local/start.sh
@@ -150,10 +175,13 @@ put() {
   chmod "$3" "$1"
 }
 
-mkdir -p "$STATE" "$RUN" "$CONF" "$LOGS" /var/spool/slurmctld /var/spool/slurmd
+mkdir -p "$STATE" "$RUN" "$CONF" "$LOGS" /var/spool/slurmctld
+for n in "${names[@]}"; do mkdir -p "/var/spool/slurmd/$n"; done
+mapfile -t slurmds < <(recorded_slurmds)  # also of nodes since removed
+for n in "${names[@]}"; do [[ " ${slurmds[*]} " == *" slurmd@$n "* ]] || slurmds+=("slurmd@$n"); done
 restart=()
-if put "$CONF/slurm.conf" "$slurm_conf" 644; then restart+=(slurmd slurmctld); fi
-if put "$CONF/gres.conf" "$gres_conf" 644; then restart+=(slurmd slurmctld); fi
+if put "$CONF/slurm.conf" "$slurm_conf" 644; then restart+=("${slurmds[@]}" slurmctld); fi
+if put "$CONF/gres.conf" "$gres_conf" 644; then restart+=("${slurmds[@]}" slurmctld); fi
 if put "$CONF/slurmdbd.conf" "$dbd_conf" 600; then restart+=(slurmdbd); fi
 for ((i = 0; i < GPUS; i++)); do ln -sfn /dev/null "$STATE/gpu$i"; done
 for d in "${restart[@]}"; do
@@ -171,12 +199,12 @@ up() {
   local name=$1 logf=$2 pidfile=$3 probe=$4
   shift 4
   if ! ours "$name"; then
-    if "$probe" >/dev/null 2>&1 || alive "$(pid_in "$pidfile")" "$name"; then
+    if "$probe" >/dev/null 2>&1 || alive_from "$pidfile" "$(comm_of "$name")"; then
       log "$name is already running (not started here): reusing it"
     else
       rm -f "$pidfile"
       "$@" </dev/null >"$STATE/$name.out" 2>&1 || die "$name failed to start" "$STATE/$name.out"
-      wait_for "$name to write $pidfile" "$logf" alive_from "$pidfile" "$name"
+      wait_for "$name to write $pidfile" "$logf" alive_from "$pidfile" "$(comm_of "$name")"
       pid_in "$pidfile" >"$STATE/$name.pid"
     fi
   fi
@@ -186,7 +214,7 @@ alive_from() { alive "$(pid_in "$1")" "$2"; }
 munge_ok() { munge -n | unmunge; }
 db_ok() { mariadb-admin --no-defaults --socket="$DB_SOCK" ping; }
 ctld_ok() { [[ $(scontrol ping) == *UP* ]]; }
-slurmd_ok() { alive_from "$RUN/slurmd.pid" slurmd; }
+slurmd_ok() { alive_from "$RUN/slurmd-$node.pid" slurmd; }  # $node: the node being started
 start_mariadbd() {
   setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR" \
     --socket="$DB_SOCK" --pid-file=/run/mysqld/mysqld.pid --skip-networking \
@@ -224,23 +252,27 @@ for a in $ACCOUNTS; do
 done
 
 up slurmctld "$LOGS/slurmctld.log" "$RUN/slurmctld.pid" ctld_ok /usr/sbin/slurmctld
-up slurmd "$LOGS/slurmd.log" "$RUN/slurmd.pid" slurmd_ok /usr/sbin/slurmd -N "$NODE"
-
-# --- wait until the node takes jobs -----------------------------------------
-end=$((SECONDS + TIMEOUT)) resumed=0
-while :; do
-  state=$(sinfo -h -n "$NODE" -o %T 2>/dev/null || true)
-  case $state in
-    idle | mixed | allocated | completing) break ;;
-    *down* | *drain* | *inval* | *fail*)
-      # e.g. left down by an earlier run; resume once
-      if [ "$resumed" -eq 0 ]; then
-        scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
-        resumed=1
-      fi
-      ;;
-  esac
-  [ "$SECONDS" -lt "$end" ] || die "node $NODE is '$state', not idle, after ${TIMEOUT}s" "$LOGS/slurmd.log"
-  sleep 0.1
+for node in "${names[@]}"; do
+  up "slurmd@$node" "$LOGS/slurmd-$node.log" "$RUN/slurmd-$node.pid" slurmd_ok /usr/sbin/slurmd -N "$node"
 done
-echo "slurm-local: cluster $CLUSTER up in $(took): $(sinfo -h -n "$NODE" -o 'partition %P, node %n %T, %c CPUs, %m MB, gres %G')"
+
+# --- wait until every node takes jobs ---------------------------------------
+end=$((SECONDS + TIMEOUT)) resumed=''
+for node in "${names[@]}"; do
+  while :; do
+    state=$(sinfo -h -N -n "$node" -o %T 2>/dev/null | head -n 1 || true)
+    case $state in
+      idle | mixed | allocated | completing) break ;;
+      *down* | *drain* | *inval* | *fail*)
+        # e.g. left down by an earlier run; resume once
+        if [[ " $resumed " != *" $node "* ]]; then
+          scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
+          resumed+=" $node"
+        fi
+        ;;
+    esac
+    [ "$SECONDS" -lt "$end" ] || die "node $node is '$state', not idle, after ${TIMEOUT}s" "$LOGS/slurmd-$node.log"
+    sleep 0.1
+  done
+done
+echo "slurm-local: cluster $CLUSTER up in $(took): $(sinfo -h -o 'partition %P: %N %T, %c CPUs, %m MB, gres %G each' | paste -sd ';' | sed 's/;/; /g')"
