@@ -1,6 +1,6 @@
 """In-job entry point, one per node: preflight, then the stage's recipe the way its launch kind says:
 torchrun over this node's GPUs; a Ray stage on a Ray cluster spanning the job's nodes (on one node the
-recipe starts its own embedded Ray, or joins $RAY_ADDRESS under a Ray job); or one process.
+recipe starts its own embedded Ray, or joins $RAY_ADDRESS under a Ray job).
 Stdlib (plus PyYAML) only until the preflight has passed."""
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ def load(path: str) -> dict:
 
 def torchrun_argv(cfg: dict, script: str, config: str) -> list[str]:
     run, job = cfg["run"], cfg["job"]
-    nodes = int(run.get("nodes") or 1)
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={run.get('gpus_per_node') or 1}"]
+    nodes, per_node = int(run.get("nodes") or 1), int(run.get("gpus_per_node") or 1)
+    if nodes == per_node == 1:  # one rank: run it directly, so its own exit code and last line are the job's
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1"))})
+        return [sys.executable, script, "--config", config]
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}"]
     if nodes == 1:
         argv.append("--standalone")
     else:

@@ -216,3 +216,13 @@ def test_bad_input_is_one_line_exit_2_nothing_written(change, message, tmp_path)
     assert err.startswith("ultra3 quantize: error: ") and message in err, p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "bf16").exists()
+
+
+def test_bad_input_found_in_the_job_is_one_line_exit_2_through_the_cli(cli, tmp_path):
+    """An attached run whose runtime stops on its input: the CLI ends with that one line and exit code 2."""
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": 1}\n')
+    r = cli("quantize", "-c", "tiny", f"calibration.path={tmp_path / 'bad.jsonl'}")
+    assert r.rc == 2, r.out + r.err
+    assert r.err.strip().splitlines() == [r.err.strip()]  # one line
+    assert "stopped on its input: ultra3 quantize: error: calibration.path:" in r.err and "bad.jsonl:2" in r.err
+    assert "Traceback" not in r.out + r.err

@@ -31,6 +31,10 @@ class InvalidConfig(UserError):
         return [f.line() for f in self.findings]
 
 
+class JobInputError(UserError):
+    """The job stopped on bad input that only its runtime could see (a record, a file's content), exit code 2."""
+
+
 class ClusterError(LauncherError):
     """The cluster or the machine refused: sbatch failed, SSH unreachable, accounting unavailable."""
 

@@ -8,7 +8,7 @@ from typing import Callable, Literal
 
 from .schema import DATA_PREP_PRETRAIN, DATA_PREP_SFT, QUANTIZE, TRAINING
 
-Launch = Literal["torchrun", "ray", "process"]
+Launch = Literal["torchrun", "ray"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Stage:
     summary: str
     config_dir: str  # under configs/
     recipe: str  # the runtime script under recipes/, run inside the job
-    launch: Launch  # torchrun over the GPUs of each node, a Ray cluster, or one process
+    launch: Launch  # torchrun over the GPUs of each node (one rank: the script itself), or a Ray cluster
     schema: dict  # the typed schema of its config (ultra3.schema)
     validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
     # dotted path of a `(flat, origin, report) -> None` that fills in values before interpolation

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
 from .. import jobs
 from ..compile import Job
-from ..errors import JobFailed
+from ..errors import JobFailed, JobInputError
+
+# how a runtime reports bad input before it exits with code 2 (recipes/dataprep/settings.py, recipes/quantize.py)
+RUNTIME_INPUT_ERROR = re.compile(r"^[\w. -]+: error: ")
 
 
 def launch(job: Job) -> None:
@@ -39,7 +43,11 @@ def launch(job: Job) -> None:
         _next_commands(record)
         raise SystemExit(130) from None
     if final.state != "COMPLETED":
-        tail = "\n".join(jobs.log_text(record).splitlines()[-20:])
+        lines = jobs.log_text(record).splitlines()
+        said = [line for line in lines if RUNTIME_INPUT_ERROR.match(line)]
+        if final.exit_code == 2 and said:
+            raise JobInputError(f"{record.id} stopped on its input: {said[-1]}")
+        tail = "\n".join(lines[-20:])
         reason = final.reason or jobs.failure_reason(record)
         raise JobFailed(f"{record.id} {final.state}"
                         f"{f' (exit code {final.exit_code})' if final.exit_code is not None else ''}: {reason}"

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..compile import Job
 
-# The in-job entry point: preflight first, then torchrun / Ray / a process, per the stage's launch.
+# The in-job entry point: preflight first, then torchrun / Ray, per the stage's launch.
 ENTRY = "recipes/launch.py"
 CONFIG_FILE = "config.yaml"
 HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"
