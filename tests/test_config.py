@@ -34,7 +34,7 @@ def test_find_config_by_name_and_by_path(tmp_path):
     assert find_config("pretrain", "tiny") == CONFIGS_DIR / "pretrain" / "tiny.yaml"
     mine = write(tmp_path / "mine.yml", "train: {train_iters: 1}\n")
     assert find_config("pretrain", str(mine)) == mine
-    with pytest.raises(UserError, match=r"--config: no config 'nope' for this stage; choose one of: default, tiny"):
+    with pytest.raises(UserError, match=r"--config: no config 'nope' for this stage; choose one of: default, smoke, tiny"):
         find_config("pretrain", "nope")
     with pytest.raises(UserError, match=r"--config: no such file 'missing\.yaml'"):
         find_config("pretrain", "missing.yaml")

@@ -110,6 +110,17 @@ def test_data_and_checkpoint_wiring(home):
     wandb = plan.make_plan(job_config(home, pretrain, "tiny", "logger.wandb_project=ultra3"))
     assert f"logger.wandb_exp_name='{JOB['id']}'" in wandb.overrides
 
+    # saving off (smoke): the recipe's async save needs a directory, and its default load dir is not ours
+    smoke = plan.make_plan(job_config(home, pretrain, "smoke"))
+    assert {"checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"} <= set(smoke.overrides)
+
+
+def test_mock_sft_dataset_leaves_mock_to_megatron_core(home):
+    """Megatron-Core's `mock` is not a constructor argument (field(init=False)): no blend makes the data mock."""
+    built = plan.make_plan(job_config(home, TRAINING[1], "tiny")).dataset
+    assert built.target == plan.GPT_DATASET and "mock" not in built.kwargs
+    assert built.kwargs["blend"] is None and built.kwargs["blend_per_split"] is None
+
 
 def test_built_objects_use_recorded_keywords(home):
     sft = TRAINING[1]

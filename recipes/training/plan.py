@@ -77,11 +77,11 @@ def sft_dataset(cfg: dict) -> Build:
     """Packed Parquet from `data prep sft` (train/ and valid/ shards), or mock data."""
     dataset, model = cfg.get("dataset") or {}, cfg.get("model") or {}
     seq_length = dataset.get("pack_size") or model.get("seq_length")
-    if dataset.get("mock"):
+    if dataset.get("mock"):  # no blend: Megatron-Core sets its `mock` (not a constructor argument) itself
         return Build(GPT_DATASET, {"seq_length": seq_length, "random_seed": (cfg.get("rng") or {}).get("seed") or 1234,
                                    "reset_attention_mask": False, "reset_position_ids": False, "eod_mask_loss": False,
                                    "num_dataset_builder_threads": 1, "blend": None, "blend_per_split": None,
-                                   "split": "1,1,1", "mock": True, "dataloader_type": "single"})
+                                   "split": "1,1,1", "dataloader_type": "single"})
     root = dataset["packed_dir"]
     cp = model.get("context_parallel_size") or 1
     specs = Build(PACKING_SPECS, {
@@ -128,6 +128,9 @@ def derived(cfg: dict, values: dict[str, Any]) -> dict[str, Any]:
     save = values.get("checkpoint.save")
     if save and not values.get("checkpoint.load"):
         out["checkpoint.load"] = save  # resume from the latest checkpoint there (none: start fresh)
+    elif "checkpoint.save" in values and not save:
+        # nothing saved: no resume from the recipe's default directory, and no async save (it needs a directory)
+        out.update({k: v for k, v in (("checkpoint.load", None), ("checkpoint.async_save", False)) if k not in values})
     if stage == "sft":
         out["checkpoint.pretrained_checkpoint"] = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
     if values.get("logger.wandb_project"):
