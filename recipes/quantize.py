@@ -9,7 +9,8 @@ preflight; it runs just as well by hand. Needs the `quantize` extra (nvidia-mode
 
 Config keys (others, such as `run` and `job`, are ignored):
 
-    bf16_checkpoint: DIR|NAME  # the BF16 Hugging Face checkpoint (a directory or a hub id)
+    bf16_checkpoint: DIR|NAME  # the BF16 checkpoint: Hugging Face (a directory or a hub id), or the Megatron-Bridge
+                               # checkpoint dir of a pretrain/sft job, exported to <job.dir>/bf16-hf first
     make_checkpoint: false     # build a seeded random checkpoint of `model` at bf16_checkpoint first (-c tiny)
     tokenizer: null            # tokenizer.json of a made checkpoint (otherwise the checkpoint's own)
     modelopt_recipe: NAME|PATH # a ModelOpt recipe shipped in modelopt_recipes/ or a recipe YAML
@@ -46,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataprep.errors import DataPrepError  # noqa: E402
 from dataprep.settings import load_config  # noqa: E402
+from quantization import megatron_export  # noqa: E402
 from quantization.errors import QuantizeError  # noqa: E402
 
 PROG = "ultra3 quantize"
@@ -87,7 +89,8 @@ def source(cfg: dict):
 
     ckpt = cfg.get("bf16_checkpoint")
     if not ckpt:
-        raise QuantizeError("bf16_checkpoint is not set; give a BF16 Hugging Face checkpoint directory or hub id")
+        raise QuantizeError("bf16_checkpoint is not set; give a BF16 Hugging Face checkpoint (a directory or hub id) "
+                            "or a Megatron-Bridge checkpoint dir")
     if cfg.get("make_checkpoint"):
         tok_file = cfg.get("tokenizer")
         if not tok_file or not os.path.isfile(tok_file):
@@ -95,7 +98,8 @@ def source(cfg: dict):
         return tiny_checkpoint.hf_config(cfg["model"]), PreTrainedTokenizerFast(
             tokenizer_file=tok_file, eos_token="<|endoftext|>", pad_token="<|pad|>")
     if ckpt.startswith(("/", ".", "~")) and not os.path.isfile(os.path.join(os.path.expanduser(ckpt), "config.json")):
-        raise QuantizeError(f"bf16_checkpoint: {ckpt} is not a Hugging Face checkpoint (no config.json); fix the path")
+        raise QuantizeError(f"bf16_checkpoint: {ckpt} is neither a Hugging Face checkpoint (config.json) nor a "
+                            f"Megatron-Bridge checkpoint ({' or '.join(megatron_export.TRACKERS)}); fix the path")
     try:
         return AutoConfig.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
     except OSError as e:
@@ -183,6 +187,8 @@ def run(config_path: str) -> int:
     out = check_output(cfg)
     recipe = cfg.get("modelopt_recipe") or ""
     quant_cfg = load_recipe(recipe)
+    given = cfg.get("bf16_checkpoint")
+    cfg["bf16_checkpoint"] = megatron_export.to_hf(cfg, log)
     config, tokenizer = source(cfg)
     planned = plan(config, quant_cfg, recipe)
     from quantization import megatron, precision
@@ -204,7 +210,9 @@ def run(config_path: str) -> int:
         else:
             exported = staging
             measured = quantize_hf(cfg, config, tokenizer, quant_cfg, staging)
-        report = {"recipe": recipe, "bf16_checkpoint": cfg["bf16_checkpoint"], "backend": cfg.get("backend") or "hf",
+        origin = {"megatron_checkpoint": given} if given != cfg["bf16_checkpoint"] else {}
+        report = {"recipe": recipe, "bf16_checkpoint": cfg["bf16_checkpoint"], **origin,
+                  "backend": cfg.get("backend") or "hf",
                   **measured, **planned, "wall_s": round(time.time() - started, 3)}
         with open(os.path.join(exported, REPORT), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)

@@ -2,8 +2,8 @@
 
 The record is what the launcher knows of the released API without importing it: the fields and types of
 the ConfigContainer sections and of the Ultra model provider's class chain, the signatures of the
-functions the runtime calls, the NemotronH bridge's HF -> Megatron config mapping and the registered
-mixed-precision presets. Everything is read with `ast`; nothing from the wheels is imported.
+functions (and AutoBridge methods) the runtimes call, the NemotronH bridge's HF -> Megatron config mapping
+and the registered mixed-precision presets. Everything is read with `ast`; nothing from the wheels is imported.
 
     pip download --no-deps --ignore-requires-python --python-version 3.12 --only-binary :all: \\
         megatron-bridge==0.6.2 megatron-core==0.19.2 -d /tmp/mb
@@ -41,6 +41,8 @@ FUNCTIONS = (
     "megatron.bridge.training.gpt_step.forward_step",
     "megatron.bridge.training.mixed_precision.get_mixed_precision_config",
 )
+AUTO_BRIDGE = "megatron.bridge.models.conversion.auto_bridge.AutoBridge"
+METHODS = (f"{AUTO_BRIDGE}.from_auto_config", f"{AUTO_BRIDGE}.export_ckpt")  # quantize's Megatron -> HF export
 CONSTANTS = (f"{ULTRA}.NEMOTRON_3_ULTRA_HF_MODEL_ID",)
 BRIDGE = ("megatron.bridge.models.conversion.model_bridge.MegatronModelBridge",
           "megatron.bridge.models.nemotronh.nemotron_h_bridge.NemotronHBridge")
@@ -206,6 +208,18 @@ def signature(src: Source, dotted: str) -> dict:
             "varargs": a.vararg is not None, "varkw": a.kwarg is not None}
 
 
+def method(src: Source, dotted: str) -> dict:
+    """The signature of `module.Class.method` as called on a class or an instance (without cls/self)."""
+    owner, _, name = dotted.rpartition(".")
+    _, cls = src.top(owner)
+    node = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    a = node.args
+    bound = not any(_name(d) == "staticmethod" for d in node.decorator_list)
+    params = [p.arg for p in a.posonlyargs + a.args][bound:]
+    return {"params": params, "kwonly": [p.arg for p in a.kwonlyargs], "varargs": a.vararg is not None,
+            "varkw": a.kwarg is not None}
+
+
 def constant(src: Source, dotted: str):
     _, node = src.top(dotted)
     return ast.literal_eval(node.value)
@@ -258,7 +272,7 @@ def build(bridge_wheel: str, core_wheel: str) -> dict:
         "versions": {"megatron-bridge": version(bridge_wheel), "megatron-core": version(core_wheel)},
         "sections": sections,
         "classes": dict(sorted(classes.items())),
-        "functions": {d: signature(src, d) for d in FUNCTIONS},
+        "functions": {**{d: signature(src, d) for d in FUNCTIONS}, **{d: method(src, d) for d in METHODS}},
         "constants": {d: constant(src, d) for d in CONSTANTS},
         "hf_config_mapping": config_mapping(src),
         "mixed_precision_presets": presets(src),

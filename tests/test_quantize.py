@@ -1,12 +1,17 @@
 """`ultra3 quantize` for real: the tiny Nemotron-H checkpoint through ModelOpt's Ultra recipe on CPU, the export
-read back tensor by tensor, the CPU NVFP4 fallback against ModelOpt's own reference quantizer, bad inputs."""
+read back tensor by tensor, the CPU NVFP4 fallback against ModelOpt's own reference quantizer, bad inputs; a
+Megatron-Bridge checkpoint as input (told apart from a Hugging Face one, taken from the job registry, its export
+calls checked against the recorded Megatron-Bridge API)."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +22,11 @@ SCRIPT = REPO / "recipes" / "quantize.py"
 sys.path.insert(0, str(REPO / "recipes"))
 torch = pytest.importorskip("torch")
 pytest.importorskip("modelopt.torch.quantization")
+from quantization import megatron_export  # noqa: E402
 from safetensors import safe_open  # noqa: E402
+from test_training_inputs import completed_pretrain_job  # noqa: E402
+
+from ultra3 import megatron_api, training_inputs  # noqa: E402
 
 ULTRA = "models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6"
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
@@ -226,3 +235,116 @@ def test_bad_input_found_in_the_job_is_one_line_exit_2_through_the_cli(cli, tmp_
     assert r.err.strip().splitlines() == [r.err.strip()]  # one line
     assert "stopped on its input: ultra3 quantize: error: calibration.path:" in r.err and "bad.jsonl:2" in r.err
     assert "Traceback" not in r.out + r.err
+
+
+AUTO_BRIDGE = "megatron.bridge.models.conversion.auto_bridge.AutoBridge"
+HAS_BRIDGE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.bridge") is not None
+
+
+def megatron_checkpoint(path: Path, tracker: str = "latest_checkpointed_iteration.txt") -> Path:
+    """The checkpoint.save dir Megatron-Bridge leaves: an iteration dir and (unless tracker="") its tracker."""
+    (path / "iter_0000040").mkdir(parents=True)
+    if tracker:
+        (path / tracker).write_text("40\n")
+    return path
+
+
+def test_hf_megatron_or_neither_checkpoint_dir(cli, tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    mb = megatron_checkpoint(tmp_path / "mb")
+    neither = megatron_checkpoint(tmp_path / "neither", tracker="")
+    assert megatron_export.TRACKERS == training_inputs.TRACKERS
+    assert [megatron_export.is_megatron(str(p)) for p in (hf, mb, neither)] == [False, True, False]
+    args = ("quantize", "-c", "tiny", "--dry-run", "make_checkpoint=false")
+    for ok in (hf, mb):
+        r = cli(*args, f"bf16_checkpoint={ok}")
+        assert r.rc == 0, r.err
+    r = cli(*args, f"bf16_checkpoint={neither}")
+    assert r.rc == 2 and "Traceback" not in r.err
+    assert f"error: bf16_checkpoint: {neither} is neither a Hugging Face checkpoint (config.json) nor a " \
+           "Megatron-Bridge checkpoint (latest_train_state.pt or latest_checkpointed_iteration.txt); give the model " \
+           "directory or the checkpoint.save directory of a pretrain/sft job" in r.err_lines
+
+
+def test_unset_checkpoint_comes_from_the_latest_completed_sft_else_pretrain_job(cli, home, tmp_path):
+    args = ("quantize", "-c", "tiny", "--dry-run", "make_checkpoint=false", "bf16_checkpoint=null")
+    none = cli(*args)
+    assert none.rc == 2 and "error: bf16_checkpoint: bf16_checkpoint is not set and no completed sft or pretrain " \
+                              "job saved one" in none.err
+    pre = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
+    r = cli(*args)
+    assert r.rc == 0, r.err
+    assert f"note: bf16_checkpoint: from the latest completed pretrain job ultra3-pretrain_20260101-000000-aaaaaa: " \
+           f"{pre}" in r.out
+    time.sleep(0.01)
+    sft = completed_pretrain_job(home, tmp_path, "ultra3-sft_20260102-000000-bbbbbb", stage="sft")
+    time.sleep(0.01)
+    completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260103-000000-cccccc")  # newer, but sft comes first
+    completed_pretrain_job(home, tmp_path, "ultra3-sft_20260104-000000-dddddd", stage="sft", tracker=False)  # none
+    r = cli(*args)
+    assert r.rc == 0, r.err
+    assert f"note: bf16_checkpoint: from the latest completed sft job ultra3-sft_20260102-000000-bbbbbb: {sft}" in r.out
+    assert re.search(rf"^bf16_checkpoint +\= {re.escape(sft)}  <- job ultra3-sft_20260102-000000-bbbbbb$", r.out,
+                     re.MULTILINE)
+
+
+def test_runtime_finds_the_job_that_saved_a_megatron_checkpoint(home, tmp_path):
+    """The job config next to the checkpoint (<job dir>/<task>/code/config.yaml) is found; without one, or without
+    Megatron-Bridge (this CPU machine), the run stops with one line, exit 2 and nothing written."""
+    ckpt = Path(completed_pretrain_job(home, tmp_path, "ultra3-sft_20260102-000000-bbbbbb", stage="sft"))
+    train, code_dir = megatron_export.training_config(str(ckpt))
+    assert train["checkpoint"]["save"] == str(ckpt) and code_dir == str(ckpt.parent / "sft" / "code")
+    orphan = megatron_checkpoint(tmp_path / "orphan")
+    cases = [(orphan, (f"bf16_checkpoint: {orphan} is a Megatron checkpoint, but no job config (<job dir>/<task>/"
+                       "code/config.yaml) next to it saved there"))]
+    if not HAS_BRIDGE:
+        cases.append((ckpt, (f"bf16_checkpoint: {ckpt} is a Megatron checkpoint, and exporting it needs "
+                             "Megatron-Bridge: run in the training container")))
+    for path, message in cases:
+        job_dir = tmp_path / "quantize-job"
+        p = run_script(tiny_config(tmp_path, make_checkpoint=False, bf16_checkpoint=str(path),
+                                   job={"dir": str(job_dir)}), tmp_path / "config.yaml")
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.strip().splitlines()[-1].startswith(f"ultra3 quantize: error: {message}"), p.stderr
+        assert not job_dir.exists() and not (tmp_path / "out").exists()
+
+
+def test_reference_model_of_a_job_built_from_our_keys(tmp_path):
+    """recipe.hf_model null (the tiny training configs): the config.json the training runtime builds the model
+    from, which Megatron-Bridge's HF -> Megatron mapping takes back to the job's keys, and the job's tokenizer."""
+    from transformers import AutoTokenizer
+
+    train = yaml.safe_load((REPO / "configs/_shared/tiny.yaml").read_text())
+    ref = megatron_export.reference_model(train, str(REPO), str(tmp_path / "ref"))
+    back = training_inputs.hf_model_keys(json.loads((Path(ref) / "config.json").read_text()))
+    shared = {k: v for k, v in back.items() if k in train["model"]}
+    assert len(shared) >= 12 and shared == {k: train["model"][k] for k in shared}
+    assert len(AutoTokenizer.from_pretrained(ref)) == train["model"]["vocab_size"]
+    hub = {"recipe": {"hf_model": "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"}}
+    assert megatron_export.reference_model(hub, str(REPO), str(tmp_path / "no")) == hub["recipe"]["hf_model"]
+    assert not (tmp_path / "no").exists()
+
+
+def test_export_calls_match_the_recorded_api():
+    """Every Megatron-Bridge call of the export (on AutoBridge or a bridge it made) against the record of the
+    0.6.2 wheel: the method exists, takes that many positional arguments and every keyword."""
+    tree = ast.parse(Path(megatron_export.__file__).read_text())
+    imported = {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").startswith("megatron.bridge") for a in n.names}
+    assert imported == {AUTO_BRIDGE}
+    bridges = {"AutoBridge"} | {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                                and getattr(n.value.func.value, "id", "") == "AutoBridge" for t in n.targets}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and getattr(n.func.value, "id", "") in bridges]
+    assert sorted(c.func.attr for c in calls) == ["export_ckpt", "from_auto_config"]
+    assert megatron_api.versions()["megatron-bridge"] == "0.6.2"
+    for call in calls:
+        name = f"{AUTO_BRIDGE}.{call.func.attr}"
+        sig = megatron_api.signature(name)
+        assert len(call.args) <= len(sig["params"]) or sig["varargs"], name
+        for kw in call.keywords:
+            assert megatron_api.accepts(name, kw.arg), f"{name} takes no keyword {kw.arg}"
+    assert megatron_api.signature(f"{AUTO_BRIDGE}.export_ckpt")["params"][:2] == ["megatron_path", "hf_path"]

@@ -10,24 +10,25 @@ import time
 
 from ultra3 import jobs
 from ultra3.paths import RECIPES_DIR
+from ultra3.training_inputs import hf_model_keys
 
 sys.path.insert(0, str(RECIPES_DIR))
 import preflight
 
 
-def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True) -> str:
-    """A finished local pretrain job as the launcher leaves it: registry record, config, exit code, checkpoint."""
+def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True, stage: str = "pretrain") -> str:
+    """A finished local training job as the launcher leaves it: registry record, config, exit code, checkpoint."""
     job_dir = tmp_path / job_id
-    code = job_dir / "pretrain" / "code"
+    code = job_dir / stage / "code"
     code.mkdir(parents=True)
     ckpt = job_dir / "checkpoints"
     ckpt.mkdir()
     if tracker:
         (ckpt / "latest_train_state.pt").write_bytes(b"\0")
     (code / "config.yaml").write_text(f"checkpoint:\n  save: {ckpt}\n")
-    (job_dir / "pretrain" / "exit_code").write_text("0\n")
-    jobs.save(jobs.JobRecord(id=job_id, stage="pretrain", config="tiny", executor="local", mode="local",
-                             submitted=time.time(), job_dir=str(job_dir), task="pretrain", log_glob="*.log"))
+    (job_dir / stage / "exit_code").write_text("0\n")
+    jobs.save(jobs.JobRecord(id=job_id, stage=stage, config="tiny", executor="local", mode="local",
+                             submitted=time.time(), job_dir=str(job_dir), task=stage, log_glob="*.log"))
     return str(ckpt)
 
 
@@ -70,3 +71,13 @@ def test_preflight_stops_sft_without_a_checkpoint():
              "(Megatron-Bridge's finetune needs one)"
     assert preflight.run(cfg) == [reason]
     assert preflight.run({**cfg, "checkpoint": {"load": "/resume/here"}}) == []
+
+
+def test_layer_pattern_of_a_config_written_by_transformers():
+    """transformers 5.x writes the pattern as layers_block_type (linear_attention = Mamba, full_attention)."""
+    from transformers import NemotronHConfig
+
+    hf = NemotronHConfig(hybrid_override_pattern="MEM*EME", num_hidden_layers=7).to_dict()
+    assert "linear_attention" in hf["layers_block_type"] and "full_attention" in hf["layers_block_type"]
+    hf.pop("hybrid_override_pattern", None)
+    assert hf_model_keys(hf)["hybrid_layer_pattern"] == "MEM*EME"

@@ -106,7 +106,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         ("quantize",), "NVFP4 post-training quantization with ModelOpt into a Hugging Face checkpoint.",
         "quantize", "quantize.py", "torchrun", QUANTIZE, "ultra3.validation.quantize.validate_quantize",
+        prepare="ultra3.training_inputs.fill_bf16_checkpoint",
         examples=("ultra3 quantize -c tiny", "ultra3 quantize -c tiny --dry-run",
-                  "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 output_dir=/lustre/ckpt/ultra-nvfp4"),
+                  "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 output_dir=/lustre/ckpt/ultra-nvfp4",
+                  "ultra3 quantize --batch mycluster bf16_checkpoint=null output_dir=/lustre/ckpt/ultra-nvfp4"),
     ),
 )

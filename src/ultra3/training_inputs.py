@@ -2,6 +2,7 @@
 
 * SFT's pretrained checkpoint: `recipe.pretrained_checkpoint`, or else the checkpoint directory of the
   latest COMPLETED pretrain job in the job registry (jobs on this machine or its local Slurm) that saved one;
+* quantize's `bf16_checkpoint`, when unset: likewise, from the latest completed sft job, else pretrain;
 * the model config: when `recipe.hf_model` is a local directory with config.json, our model keys must
   agree with it (through Megatron-Bridge's own HF -> Megatron key mapping).
 """
@@ -25,31 +26,47 @@ SAME_NAME = ("mtp_hybrid_override_pattern", "moe_latent_size")
 
 
 def fill_pretrained(flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
-    """Set recipe.pretrained_checkpoint of an SFT job from the registry when the config leaves it unset."""
-    if flat.get(PRETRAINED) or flat.get("checkpoint.load"):
+    """Set recipe.pretrained_checkpoint of an SFT job from the registry when the config leaves it unset
+    (the data rules warn when there is none, and the job's preflight stops)."""
+    if not flat.get("checkpoint.load"):
+        fill_from_registry(flat, origin, report, PRETRAINED, ("pretrain",))
+
+
+def fill_bf16_checkpoint(flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
+    """Set quantize's bf16_checkpoint from the registry when the config leaves it unset (the validator
+    reports when there is none)."""
+    fill_from_registry(flat, origin, report, "bf16_checkpoint", ("sft", "pretrain"))
+
+
+def fill_from_registry(flat: dict[str, Any], origin: dict[str, str], report: Report, key: str,
+                       stages: tuple[str, ...]) -> None:
+    """Set `key`, when unset, to the checkpoint directory of the latest completed job of the first of
+    `stages` that has one."""
+    if flat.get(key):
         return
-    found = latest_pretrain_checkpoint()
+    found = latest_checkpoint(stages)
     if found is None:
-        return  # the data rules warn, and the job's preflight stops
-    job_id, path = found
-    flat[PRETRAINED] = path
-    origin[PRETRAINED] = f"job {job_id}"
-    report.note(PRETRAINED, f"from the latest completed pretrain job {job_id}: {path}")
+        return
+    stage, job_id, path = found
+    flat[key] = path
+    origin[key] = f"job {job_id}"
+    report.note(key, f"from the latest completed {stage} job {job_id}: {path}")
 
 
-def latest_pretrain_checkpoint() -> tuple[str, str] | None:
+def latest_checkpoint(stages: tuple[str, ...]) -> tuple[str, str, str] | None:
+    """(stage, job id, checkpoint dir) of the newest COMPLETED job that saved a checkpoint, of the first of
+    `stages` that has one."""
     from . import jobs
 
-    records = [r for r in jobs.all_records() if r.stage == "pretrain" and not r.ssh]
-    if not records:
-        return None
-    states = jobs.states(records)
-    for record in records:  # newest first
-        if states.get(record.id) is None or states[record.id].state != "COMPLETED":
-            continue
-        path = _checkpoint_dir(Path(record.task_dir) / "code" / "config.yaml")
-        if path and any((Path(path) / t).is_file() for t in TRACKERS):
-            return record.id, path
+    records = [r for r in jobs.all_records() if r.stage in stages and not r.ssh]
+    states = jobs.states(records) if records else {}
+    for stage in stages:
+        for record in (r for r in records if r.stage == stage):  # newest first
+            if states.get(record.id) is None or states[record.id].state != "COMPLETED":
+                continue
+            path = _checkpoint_dir(Path(record.task_dir) / "code" / "config.yaml")
+            if path and any((Path(path) / t).is_file() for t in TRACKERS):
+                return stage, record.id, path
     return None
 
 
@@ -86,7 +103,8 @@ def hf_model_keys(hf: dict) -> dict[str, Any]:
     """Our model keys of an HF NemotronH config.json, by Megatron-Bridge's mapping (the pattern from
     `hybrid_override_pattern` or transformers' `layers_block_type` list)."""
     hf = dict(hf)
-    symbols = {"mamba": "M", "moe": "E", "attention": "*", "mlp": "-"}
+    # transformers 5.x names Mamba layers linear_attention and attention layers full_attention
+    symbols = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
     for key, pattern in (("layers_block_type", "hybrid_override_pattern"),
                          ("mtp_layers_block_type", "mtp_hybrid_override_pattern")):
         if isinstance(hf.get(key), list) and pattern not in hf:

@@ -1,7 +1,8 @@
-"""Rules for `ultra3 quantize`: inputs that exist, a recipe ModelOpt ships (or a recipe file), a backend that fits
-the job's shape, and, for the Megatron-Bridge backend, the calibration layout (model.*) and the export layout
-(export.*) checked by the training parallelism rules. Stdlib only: ModelOpt's recipe names are read from its
-installed modelopt_recipes/ directory without importing it."""
+"""Rules for `ultra3 quantize`: inputs that exist (a local checkpoint is a Hugging Face or a Megatron-Bridge
+checkpoint directory), a recipe ModelOpt ships (or a recipe file), a backend that fits the job's shape, and, for
+the Megatron-Bridge backend, the calibration layout (model.*) and the export layout (export.*) checked by the
+training parallelism rules. Nothing heavy is imported: ModelOpt's recipe names are read from its installed
+modelopt_recipes/ directory without importing it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 
 from ultra3.findings import Report
+from ultra3.training_inputs import TRACKERS
 
 from . import parallelism
 from ._common import get, pos_int
@@ -18,6 +20,8 @@ from .data_prep import _exists, _missing
 
 BACKENDS = ("hf", "megatron")
 DEVICES = ("auto", "cpu", "cuda")
+UNSET_CHECKPOINT = (" and no completed sft or pretrain job saved one; give a Hugging Face checkpoint (a directory "
+                    "or hub id) or a Megatron-Bridge checkpoint dir")
 RECIPE_DIRS = ("models", "general")  # whole recipes; configs/ holds the pieces they import
 
 
@@ -34,7 +38,7 @@ def shipped_recipes() -> list[str] | None:
 def validate_quantize(cfg: dict, report: Report) -> None:
     for key in ("bf16_checkpoint", "modelopt_recipe", "output_dir", "calibration.path"):
         if not get(cfg, key):
-            report.error(key, f"{key} is not set")
+            report.error(key, f"{key} is not set" + (UNSET_CHECKPOINT if key == "bf16_checkpoint" else ""))
     _checkpoint(cfg, report)
     _recipe(get(cfg, "modelopt_recipe"), report)
     calib = get(cfg, "calibration.path")
@@ -62,8 +66,12 @@ def _checkpoint(cfg: dict, report: Report) -> None:
     path = get(cfg, "bf16_checkpoint")
     if not path or get(cfg, "make_checkpoint") or not path.startswith(("/", ".", "~")):
         return  # none, made by the run, or a hub id
-    if not _exists(os.path.join(path, "config.json")):
-        _missing(cfg, "bf16_checkpoint", f"{path} is not a Hugging Face checkpoint directory (no config.json)", report)
+    if not _exists(path):
+        _missing(cfg, "bf16_checkpoint", f"{path} does not exist", report)
+    elif not any(_exists(os.path.join(path, name)) for name in ("config.json", *TRACKERS)):
+        report.error("bf16_checkpoint", f"{path} is neither a Hugging Face checkpoint (config.json) nor a "
+                                        f"Megatron-Bridge checkpoint ({' or '.join(TRACKERS)}); give the model "
+                                        "directory or the checkpoint.save directory of a pretrain/sft job")
 
 
 def _recipe(name: object, report: Report) -> None:
