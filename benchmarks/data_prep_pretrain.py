@@ -1,28 +1,34 @@
 """Throughput of `data prep pretrain` on a generated corpus, beside the raw rate of its tokenizer.
 
-    python benchmarks/data_prep_pretrain.py [--size-mb 200] [--workers 1 2] [--dir /tmp/u3bench]
-                                            [--format jsonl.zst|jsonl|parquet] [--tokenizer PATH]
+    python benchmarks/data_prep_pretrain.py [--size-mb 200 [...]] [--workers 1 2] [--dir /tmp/u3bench]
+                                            [--format jsonl.zst|jsonl|parquet] [--tokenizer PATH | --vocab N]
                                             [--encoder auto|gigatoken|tokenizers] [--gigatoken auto|yes|no]
 
 1. Generates a corpus of --size-mb MB of text (JSONL bytes; the English-like stories of
-   recipes/samples/make_tiny.py, seeded) as 8 files in --format, once (kept in --dir for later runs).
+   recipes/samples/make_tiny.py, seeded) as 8 files in --format, once (kept in --dir for later runs). With
+   several sizes, step 2 runs on each (so the peak RSS of each size is printed: memory should be flat in
+   the corpus size) and steps 3 and 4 on the last.
 2. Runs the real pipeline (recipes/data_prep_pretrain.py in a subprocess, embedded Ray, 16 shards,
    `force: true`, `encoder: --encoder`) once per --workers value; reports wall time, tokens/s, MB/s (corpus
    bytes / wall) and the peak RSS of the whole run (driver + Ray, summed over its processes, sampled every
-   0.2 s) and of its largest single process; and the shard phase alone: from the line saying Ray is up to
-   the last shard done (worker start-up included, Ray start-up and shutdown not); and where the wall time
-   went, from the run's own `time:` line (Ray starts while the driver counts the inputs and plans).
-3. Runs the same shard tasks without Ray (`shards.write_shard` in 1 process, or a pool of N): the
-   steady-state rate of the hot loop (read, encode, write).
+   0.2 s) and of its largest single process; the shard phase: from the line saying Ray is up to the last
+   shard done (the workers' start-up included, Ray's start and stop not); the steady state, from the run's
+   own `steady state:` line: all shard tokens over the time from the first shard task starting in a worker
+   to the last one done (Ray's and the workers' start-up excluded; gaps between tasks, per-task overheads
+   and an uneven end included); and where the wall time went, from the run's `time:` line.
+3. Runs the same shard tasks without Ray (`shards.write_shard` in 1 process, or a pool of N): the rate of
+   the hot loop (read, encode, write) with no scheduler at all.
 4. Measures the raw encoder on the first 64 MB (--encoder-mb) of the same texts, outside Ray: HF `tokenizers`
    `encode_batch_fast` on 1 thread and on all threads, and `gigatoken` (`pip install gigatoken==0.10.0`; with
    --gigatoken auto it is installed into --dir with pip when missing) on 1 and all threads, both as Python
    lists (`encode_batch_list`) and as arrays (`encode_batch`, what the pipeline uses), each used only if it
    reproduces the `tokenizers` ids exactly.
 
-Default tokenizer: the tiny sample's 4k byte-level BPE (recipes/samples/tiny). Real vocabularies (128k+)
-encode at a similar rate per byte with `tokenizers`; the pipeline's overhead beyond the encoder is what
-this measures.
+Tokenizer: the tiny sample's 4k byte-level BPE (recipes/samples/tiny) by default, any `--tokenizer`, or with
+`--vocab N` a byte-level BPE of N tokens trained here with `tokenizers` (make_tiny.train_tokenizer) on the
+first --train-mb MB (default 16) of the corpus's text plus 5 MB of made-up words (the corpus's own word
+list fills only about 23k tokens), cached in --dir: `--vocab 32000` and `--vocab 131072` are the
+vocabularies of the issue's measurements (training takes 10-30 s here, once).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 import threading
@@ -128,12 +136,15 @@ def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, wor
     ray_up = next(t for t, x in lines if "shard(s) to write" in x)
     last_shard = [t for t, x in lines if x.startswith("progress:")][-1]  # printed as the last shard ends
     phases = next(x[len("time: "):].strip() for _, x in lines if x.startswith("time: "))
+    steady = next(re.search(r"\(([\d,]+) tokens of \d+ shard\(s\) in ([\d.]+) s", x) for _, x in lines
+                  if x.startswith("steady state: "))
     encoder = next((x.split("encoder ", 1)[1].split(";")[0] for _, x in lines if "; encoder " in x), "?")
     if any(x.startswith("encoder: tokenizers") for _, x in lines):
         encoder = "tokenizers (fell back)"
     return {"wall": wall, "tokens": manifest["totals"]["tokens"], "docs": manifest["totals"]["docs"],
             "peak_rss_sum": peak_sum, "peak_rss_one": peak_one, "log": log, "shard_phase": last_shard - ray_up,
             "startup": ray_up - started, "encoder": encoder, "phases": phases,
+            "steady": (int(steady[1].replace(",", "")), float(steady[2])),
             "before_run": next(t for t, x in lines if x.startswith("ultra3 data prep pretrain:")) - started}
 
 
@@ -144,7 +155,7 @@ def _shard_task(args):
 
 
 def run_without_ray(paths: list[Path], tokenizer: str, out: Path, workers: int, encoder: str) -> dict:
-    """The pipeline's shard tasks in `workers` processes (no Ray): the steady-state rate of the hot loop."""
+    """The pipeline's shard tasks in `workers` processes (no Ray): the rate of the hot loop."""
     import multiprocessing
 
     import importlib.util
@@ -163,7 +174,7 @@ def run_without_ray(paths: list[Path], tokenizer: str, out: Path, workers: int, 
     with pipeline.Cluster() as cluster:  # started only for inputs too big to count here
         plan = pipeline.make_plan(settings, pipeline.scan_sources(settings, files, {}, cluster), tok)
     tasks = sorted((t for ts in plan.values() for t in ts), key=lambda t: -t.est_bytes)
-    args = [(t, tok_json, tok.sha256, tok.eod_id, tok.dtype, False, 1, None, chosen) for t in tasks]
+    args = [(t, tok_json, tok.sha256, tok.eod_id, tok.dtype, False, 1, chosen) for t in tasks]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         pool.map(_shard_task, args[:workers])  # start-up and imports, not counted
         started = time.time()
@@ -284,13 +295,35 @@ def load_gigatoken(mode: str, work: Path):
     return None
 
 
+def trained_tokenizer(work: Path, paths: list[Path], vocab: int, train_mb: int) -> str:
+    """A byte-level BPE of `vocab` tokens trained on the first `train_mb` MB of the corpus's text and 5 MB of
+    made-up words (1-4 syllables of make_tiny, seeded): the corpus alone has too few words to fill a large
+    vocabulary. Deterministic (the same text in the same order); kept in `work` for later runs. Its directory."""
+    directory = work / f"tokenizer-bpe{vocab}-{train_mb}mb-{paths[0].parent.name}"
+    path = directory / "tokenizer.json"
+    if not path.exists():
+        started = time.time()
+        rng = random.Random(vocab)
+        words = [" ".join("".join(rng.choice(make_tiny.SYLLABLES) for _ in range(rng.randint(1, 4)))
+                          for _ in range(1000)) for _ in range(600)]
+        tok = make_tiny.train_tokenizer(sample_texts(paths, train_mb * 1_000_000) + words, vocab)
+        directory.mkdir(parents=True, exist_ok=True)
+        tok.save(str(directory / "tokenizer.json.tmp"))
+        os.replace(directory / "tokenizer.json.tmp", path)
+        print(f"trained a byte-level BPE of {tok.get_vocab_size():,} tokens on {train_mb} MB of the corpus and "
+              f"made-up words in {time.time() - started:.1f} s: {directory}", flush=True)
+    return str(directory)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--size-mb", type=int, nargs="+", default=[200])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dir", default="/tmp/u3bench-data-prep")
     parser.add_argument("--format", default="jsonl.zst", choices=("jsonl.zst", "jsonl", "parquet"))
     parser.add_argument("--tokenizer", default=str(REPO / "recipes" / "samples" / "tiny"))
+    parser.add_argument("--vocab", type=int, help="train a byte-level BPE of this many tokens on the corpus and use it")
+    parser.add_argument("--train-mb", type=int, default=16, help="text the --vocab tokenizer is trained on")
     parser.add_argument("--encoder", default="auto", choices=("auto", "gigatoken", "tokenizers"),
                         help="the pipeline's encoder key")
     parser.add_argument("--gigatoken", default="auto", choices=("auto", "yes", "no"),
@@ -300,34 +333,44 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.dir)
     work.mkdir(parents=True, exist_ok=True)
-    paths = generate(work / f"corpus-{args.size_mb}mb-{args.format.replace('.', '-')}", args.size_mb, args.format)
-    corpus_bytes = args.size_mb * 1_000_000
+    corpora = {size: generate(work / f"corpus-{size}mb-{args.format.replace('.', '-')}", size, args.format)
+               for size in args.size_mb}
+    paths = corpora[args.size_mb[-1]]
     sys.path.insert(0, str(REPO / "recipes"))
     from dataprep import tokenizer as tokenization
 
-    info, tokenizer_json = tokenization.load(args.tokenizer)
-    print(f"machine: {os.cpu_count()} CPUs; tokenizer {args.tokenizer} (vocab {info.vocab_size:,}, {info.dtype})")
+    tokenizer = trained_tokenizer(work, paths, args.vocab, args.train_mb) if args.vocab else args.tokenizer
+    info, tokenizer_json = tokenization.load(tokenizer)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; tokenizer {tokenizer} "
+          f"(vocab {info.vocab_size:,}, {info.dtype})", flush=True)
     rows = []
-    for workers in args.workers:
-        r = run_pipeline(paths, args.tokenizer, work / f"out-w{workers}", workers, work, args.encoder)
-        rows.append((f"pipeline, {workers} worker(s), encoder {r['encoder']}: end to end", r["wall"], r["tokens"],
-                     r["tokens"] / r["wall"], corpus_bytes / r["wall"] / 1e6, r["peak_rss_sum"], r["peak_rss_one"]))
-        rows.append((f"pipeline, {workers} worker(s): shard phase (Ray up to last shard)", r["shard_phase"],
-                     r["tokens"], r["tokens"] / r["shard_phase"], corpus_bytes / r["shard_phase"] / 1e6, None, None))
-        print(f"  {rows[-2][0]}: {r['wall']:.1f} s ({r['startup']:.1f} s to Ray up, {r['shard_phase']:.1f} s of "
-              f"shards), {r['docs']:,} docs\n    where the time went: {r['phases']} (process start to the plan "
-              f"line {r['before_run']:.1f} s)", flush=True)
+    for size, size_paths in corpora.items():
+        for workers in args.workers:
+            r = run_pipeline(size_paths, tokenizer, work / f"out-w{workers}", workers, work, args.encoder)
+            what = f"{size} MB, pipeline, {workers} worker(s)"
+            rows.append((f"{what}, encoder {r['encoder']}: end to end", r["wall"], r["tokens"],
+                         r["tokens"] / r["wall"], size * 1e6 / r["wall"] / 1e6, r["peak_rss_sum"], r["peak_rss_one"]))
+            rows.append((f"{what}: shard phase (Ray up to last shard)", r["shard_phase"], r["tokens"],
+                         r["tokens"] / r["shard_phase"], size * 1e6 / r["shard_phase"] / 1e6, None, None))
+            tokens, seconds = r["steady"]
+            rows.append((f"{what}: steady state (first shard started to last done)", seconds, tokens,
+                         tokens / seconds, None, None, None))
+            print(f"  {rows[-3][0]}: {r['wall']:.1f} s ({r['startup']:.1f} s to Ray up, {r['shard_phase']:.1f} s "
+                  f"of shards), {r['docs']:,} docs; load average {os.getloadavg()[0]:.2f}\n    where the time "
+                  f"went: {r['phases']} (process start to the plan line {r['before_run']:.1f} s)", flush=True)
     if not args.no_ray_runs:
         for workers in args.workers:
-            r = run_without_ray(paths, args.tokenizer, work / f"out-noray-w{workers}", workers, args.encoder)
+            r = run_without_ray(paths, tokenizer, work / f"out-noray-w{workers}", workers, args.encoder)
             rows.append((f"shard tasks without Ray, {workers} process(es), encoder {r['encoder']}", r["wall"],
-                         r["tokens"], r["tokens"] / r["wall"], corpus_bytes / r["wall"] / 1e6, None, None))
+                         r["tokens"], r["tokens"] / r["wall"], args.size_mb[-1] / r["wall"], None, None))
             print(f"  {rows[-1][0]}: {r['wall']:.1f} s", flush=True)
     texts = sample_texts(paths, args.encoder_mb * 1_000_000)
     for row in encoder_rates(tokenizer_json, texts, args.gigatoken, work):
         rows.append((*row, None, None))
-    print(f"\ncorpus {args.size_mb} MB ({args.format}); raw encoder on the first {args.encoder_mb} MB of its text\n")
-    print(f"{'what':<72} {'wall s':>8} {'tokens':>13} {'tokens/s':>11} {'MB/s':>7} {'peak RSS':>9} {'max proc':>9}")
+    print(f"\ncorpus {', '.join(map(str, args.size_mb))} MB ({args.format}); tokenizer vocab {info.vocab_size:,}; raw "
+          f"encoder on the first {args.encoder_mb} MB of the {args.size_mb[-1]} MB corpus's text; load average "
+          f"{os.getloadavg()[0]:.2f} at the end\n")
+    print(f"{'what':<76} {'wall s':>8} {'tokens':>13} {'tokens/s':>11} {'MB/s':>7} {'peak RSS':>9} {'max proc':>9}")
     for what, wall, tokens, rate, mbs, rss, one in rows:
         cells = [f"{wall:8.1f}" if wall is not None else f"{'':>8}",
                  f"{tokens:13,}" if tokens is not None else f"{'':>13}",
@@ -335,7 +378,7 @@ def main() -> None:
                  f"{mbs:7.1f}" if mbs is not None else f"{'':>7}",
                  f"{rss / 2**20:7.0f} M" if rss else f"{'':>9}",
                  f"{one / 2**20:7.0f} M" if one else f"{'':>9}"]
-        print(f"{what:<72} " + " ".join(cells))
+        print(f"{what:<76} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -195,40 +195,51 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
     ray = cluster.start()
     workers = settings.workers or max(1, cluster.cpus // settings.cpus_per_task)
     print(f"{where()}: {cluster.cpus} CPUs; {len(todo)} shard(s) to write, {workers} at a time", flush=True)
-    board = ray.remote(num_cpus=0)(progress.Board).remote()
-    remote = ray.remote(num_cpus=settings.cpus_per_task)(shards.write_shard)
+    # a streaming generator per shard: its progress, then its receipt (shards.shard_steps)
+    remote = ray.remote(num_cpus=settings.cpus_per_task, num_returns="streaming")(shards.shard_steps)
+    remote = remote.options(name="write_shard")
     tok_ref = ray.put(tok_json)
     queue = sorted(todo, key=lambda t: -t.est_bytes)  # largest first (stable: plan order among equals)
     inflight: dict = {}
     receipts: dict = {}
+    counts: dict = {}  # shard key -> (records, docs, tokens, input bytes) so far
     clock = progress.Clock(settings.progress_interval)
+    steady = progress.Steady()
     try:
         while queue or inflight:
             while queue and len(inflight) < workers:
                 task = queue.pop(0)
-                ref = remote.remote(task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict,
-                                    settings.cpus_per_task, board, encoder, settings.encoder == "gigatoken")
-                inflight[ref] = task
+                steps = remote.remote(task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict,
+                                      settings.cpus_per_task, encoder, settings.encoder == "gigatoken")
+                inflight[steps] = task
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(settings.progress_interval, 1.0))
-            for ref in ready:
-                task = inflight.pop(ref)
+            for steps in ready:
+                task = inflight[steps]
                 try:
-                    receipts[task.key] = ray.get(ref)
+                    step = ray.get(next(steps))
                 except BadRecordError as e:
                     raise BadRecordError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
                 except encoders.EncoderError as e:
                     raise DataPrepError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
-                why = receipts[task.key].get("_encoder_fallback")
+                if not isinstance(step, dict):
+                    counts[task.key] = step
+                    continue
+                del inflight[steps]
+                receipts[task.key] = step
+                counts[task.key] = (task.records, step["docs"], step["tokens"], step["_input_bytes"])
+                steady.done(step["tokens"], step["_started"])
+                why = step.get("_encoder_fallback")
                 if why and encoder != "tokenizers":  # the shards still queued use tokenizers too
                     encoder = "tokenizers"
                     print(f"encoder: tokenizers from here on (gigatoken dropped at {task.key}: {why})", flush=True)
             if clock.due() or not (queue or inflight):  # and once at the end
-                records, docs, tokens, nbytes = ray.get(board.totals.remote())
+                records, docs, tokens, nbytes = (sum(c[i] for c in counts.values()) for i in range(4))
                 print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
                                     clock.elapsed), flush=True)
     finally:
-        for ref in inflight:
-            ray.cancel(ref, force=True)
+        for steps in inflight:
+            ray.cancel(steps, force=True)
+    print(steady.line(), flush=True)
     return receipts
 
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -180,6 +181,9 @@ def test_tiny_sample_reads_back_with_megatron(tiny_run):
     assert "progress:" in r.out and "tokens/s" in r.out and "ETA" in r.out
     assert "total" in r.out and "wall time" in r.out
     manifest = json.loads((out / "manifest.json").read_text())
+    steady = re.search(r"^steady state: \S+ tokens/s \(([\d,]+) tokens of (\d+) shard\(s\) in ([\d.]+) s", r.out, re.M)
+    assert steady and int(steady[1].replace(",", "")) == manifest["totals"]["tokens"] and steady[2] == "8"
+    assert 0 < float(steady[3]) < 180
     assert manifest["tokenizer"]["dtype"] == "uint16" and manifest["tokenizer"]["vocab_size"] == 4096
     eod = manifest["tokenizer"]["eod_id"]
     assert manifest["tokenizer"]["eod_token"] == "<|endoftext|>"  # from tokenizer_config.json

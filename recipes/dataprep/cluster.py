@@ -24,6 +24,7 @@ import signal
 import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WARM_WAIT_S = 10
 
 
 def local_cpus() -> int:
@@ -116,7 +117,17 @@ class Cluster:
         return ray
 
     def stop(self) -> None:
-        if self.ray is not None:
+        if self.ray is None:
+            return
+        warming, self._warming = self._warming, []
+        try:
+            # a warm-up task still running at shutdown (a run stopped by an input error found while Ray
+            # started) has the driver's core worker print an error line on stderr: let them end first
+            if warming:
+                self.ray.wait(warming, num_returns=len(warming), timeout=WARM_WAIT_S)
+        except Exception:  # a cluster already lost: nothing to wait for
+            pass
+        finally:
             node = None if self.address else getattr(self.ray._private.worker, "_global_node", None)
             if hasattr(node, "kill_all_processes"):  # ours: all of it at once (its agents too), not one by one
                 node.kill_all_processes = lambda **kw: kill_descendants()

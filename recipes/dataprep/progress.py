@@ -1,23 +1,10 @@
-"""Progress: shard tasks post their counts to a small Ray actor (fire and forget, about once a second);
-the driver reads it every `progress_interval` seconds and prints one line; at the end, a summary table."""
+"""Progress: shard tasks stream their counts to the driver with their results (about once a second); the
+driver prints one line every `progress_interval` seconds, and at the end a summary table."""
 
 from __future__ import annotations
 
 import math
 import time
-
-
-class Board:
-    """Latest (records, docs, tokens, input bytes) of each shard of this run. Runs as a Ray actor."""
-
-    def __init__(self) -> None:
-        self.shards: dict = {}
-
-    def update(self, key: str, records: int, docs: int, tokens: int, nbytes: int) -> None:
-        self.shards[key] = (records, docs, tokens, nbytes)
-
-    def totals(self) -> tuple[int, int, int, int]:
-        return tuple(sum(v[i] for v in self.shards.values()) for i in range(4))
 
 
 def duration(seconds: float) -> str:
@@ -57,6 +44,29 @@ class Clock:
     @property
     def elapsed(self) -> float:
         return time.time() - self.start
+
+
+class Steady:
+    """The steady-state rate of a run's shards: their tokens over the time from the first shard task starting
+    in a worker to the last one done. Ray's start and the workers' (imports, tokenizer: the warm-up tasks)
+    are before it; gaps between tasks, their overheads and an uneven end are inside."""
+
+    def __init__(self) -> None:
+        self.first = float("inf")
+        self.last = 0.0
+        self.tokens = 0
+        self.shards = 0
+
+    def done(self, tokens: int, started: float) -> None:
+        self.first, self.last = min(self.first, started), time.time()
+        self.tokens += tokens
+        self.shards += 1
+
+    def line(self) -> str:
+        seconds = self.last - self.first
+        rate = f"{si(self.tokens / seconds)} tokens/s" if seconds > 0 else "n/a"
+        return (f"steady state: {rate} ({self.tokens:,} tokens of {self.shards} shard(s) in {max(seconds, 0):.2f} s, "
+                "from the first shard task started to the last done)")
 
 
 class Phases:

@@ -28,6 +28,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -217,10 +218,19 @@ def warm(tokenizer_json: str, tokenizer_sha: str, encoder: str, threads: int = 1
     encoders.ShardEncoder(encoder, tokenizer_json, tokenizer_sha, threads).encode(["warm-up"], 0, np.dtype(np.int32))
 
 
-def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id: int, dtype: str,
-                strict: bool = False, threads: int = 1, progress=None, encoder: str = "tokenizers",
-                encoder_required: bool = False) -> dict:
-    """Tokenize one shard into its .bin/.idx and write its receipt; returns the receipt.
+def write_shard(*args, **kwargs) -> dict:
+    """Tokenize one shard into its .bin/.idx and write its receipt (`shard_steps` to its end); returns the
+    receipt."""
+    *_, receipt = shard_steps(*args, **kwargs)
+    return receipt
+
+
+def shard_steps(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id: int, dtype: str,
+                strict: bool = False, threads: int = 1, encoder: str = "tokenizers",
+                encoder_required: bool = False) -> Iterator:
+    """Tokenize one shard into its .bin/.idx and write its receipt. Yields the shard's progress, (records,
+    docs, tokens, input bytes), about once a second, and last the receipt (a Ray streaming generator: the
+    driver reads the progress with the results, no process in between).
 
     `encoder`: "gigatoken" (checked against `tokenizers` on the shard's first documents first: on a
     mismatch the shard is encoded with `tokenizers`, or with `encoder_required` an EncoderError) or
@@ -242,8 +252,8 @@ def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
         for size, texts in _blocks(task, bad):
             writer.add(*enc.encode(texts, eod_id, np_dtype))
             read_bytes += size
-            if progress is not None and time.time() - last >= PROGRESS_EVERY_S:
-                progress.update.remote(task.key, writer.docs + bad.total, writer.docs, writer.tokens, read_bytes)
+            if time.time() - last >= PROGRESS_EVERY_S:
+                yield writer.docs + bad.total, writer.docs, writer.tokens, read_bytes
                 last = time.time()
         stats = writer.finish()
         os.replace(tmp["bin"], final["bin"])
@@ -269,10 +279,10 @@ def write_shard(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
         "idx": stats["idx"],
     }
     write_json(receipt_path(task), receipt)
-    if progress is not None:
-        progress.update.remote(task.key, task.records, stats["docs"], stats["tokens"], read_bytes)
     # returned to the driver only, not written (the bytes do not depend on the encoder)
+    receipt["_input_bytes"] = read_bytes
+    receipt["_started"] = started
     receipt["_seconds"] = round(time.time() - started, 3)
     receipt["_encoder"] = enc.name
     receipt["_encoder_fallback"] = enc.fallback
-    return receipt
+    yield receipt
