@@ -48,8 +48,8 @@ class Cluster:
 
     def start_while(self, work, warm=None, args: tuple = (), slots: int | None = None, cpus_per_task: int = 1):
         """Start Ray here (ray.init wants the main thread) while `work()` runs on a thread; then queue
-        `warm(*args)` as `slots` tasks (default: the cluster's CPUs / cpus_per_task), without waiting for
-        them, so that each starts a worker. Returns what `work()` returns, or raises what it raised."""
+        `warm(*args)` as `slots` tasks (default: the cluster's CPUs / cpus_per_task), so that each starts a
+        worker (waited for only on a multi-node cluster). Returns what `work()` returns, or raises what it raised."""
         result: dict = {}
 
         def run_work() -> None:
@@ -67,6 +67,10 @@ class Cluster:
         thread.join()
         if "error" in result:
             raise result["error"]
+        if self._warming and sum(1 for node in ray.nodes() if node.get("Alive")) > 1:
+            # on several nodes, have every node's workers up before the first shard is queued: else the
+            # node that starts first takes all the work
+            ray.wait(self._warming, num_returns=len(self._warming), timeout=WARM_WAIT_S)
         return result["value"]
 
     def start(self):
