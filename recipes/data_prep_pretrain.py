@@ -66,23 +66,12 @@ from dataprep import blend, encoders, inputs, progress, shards  # noqa: E402
 from dataprep import tokenizer as tokenization  # noqa: E402
 from dataprep.cluster import Cluster, where  # noqa: E402
 from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
-from dataprep.settings import (Common, cli, common_values, dataset_entries, int_value, load_config,  # noqa: E402
+from dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,  # noqa: E402
                                resolve_files, str_value)
 
 PROG = "ultra3 data prep pretrain"
 MANIFEST_FORMAT = "ultra3-pretrain-data/1"
 SCAN_LOCAL_BYTES = 256 << 20  # on a Ray cluster, inputs bigger than this are counted on it
-
-
-@dataclass
-class Dataset:
-    name: str
-    path: str
-    text_field: str
-    weight: float
-    split: str
-    subset: str | None
-    revision: str | None
 
 
 @dataclass
@@ -140,11 +129,11 @@ def scan_sources(settings: Settings, files: dict, cache: dict, cluster: Cluster)
             for path, fmt in files[d.name][0]:
                 if need == 0:
                     break
-                entry = inputs.scan(path, fmt, d.text_field, cache.get((path, d.text_field)), need)
+                entry = inputs.scan(path, fmt, d.field, cache.get((path, d.field)), need)
                 result[d.name].append(entry)
                 need -= entry["records"]
         return result
-    jobs = [(d.name, path, fmt, d.text_field) for d in settings.datasets for path, fmt in files[d.name][0]]
+    jobs = [(d.name, path, fmt, d.field) for d in settings.datasets for path, fmt in files[d.name][0]]
     size = sum(os.path.getsize(path) for _, path, _, _ in jobs)
     if not cluster.address or size <= SCAN_LOCAL_BYTES or len(jobs) == 1:  # the embedded Ray: no more CPUs
         entries = [inputs.scan(path, fmt, field, cache.get((path, field))) for _, path, fmt, field in jobs]
@@ -169,7 +158,7 @@ def make_plan(settings: Settings, sources: dict, tok: tokenization.TokenizerInfo
         if sum(s["records"] for s in srcs) == 0:
             files = ", ".join(s["path"] for s in srcs[:3]) or d.path
             raise DataPrepError(f"empty corpus: dataset {d.name} has no records ({files})")
-        tasks[d.name] = shards.plan_dataset(d.name, os.path.join(settings.out, d.name), d.text_field, srcs,
+        tasks[d.name] = shards.plan_dataset(d.name, os.path.join(settings.out, d.name), d.field, srcs,
                                             settings.num_shards, tok.sha256, tok.eod_id, tok.dtype)
         n, held_out = len(tasks[d.name]), settings.valid_shards + settings.test_shards
         if n >= 3 and held_out >= n:
@@ -263,7 +252,7 @@ def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: di
                          "idx_sha256": r["idx"]["sha256"], "bad": r["bad"]["counts"]})
         totals_bad.merge(bad.counts, bad.examples)
         datasets.append({
-            "name": d.name, "path": d.path, "weight": d.weight, "text_field": d.text_field,
+            "name": d.name, "path": d.path, "weight": d.weight, "text_field": d.field,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
             "inputs": [{"path": s["path"], "format": s["format"], **s["fingerprint"], "records": s["records"]}
                        for s in sources[d.name]],

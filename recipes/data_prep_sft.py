@@ -69,8 +69,8 @@ from dataprep import sft_output as out_
 from dataprep import tokenizer as tokenization
 from dataprep.cluster import Cluster, where
 from dataprep.errors import BadRecordError, DataPrepError
-from dataprep.settings import (Common, cli, bool_value, common_values, dataset_entries, int_value, load_config,
-                               resolve_files, str_value)
+from dataprep.settings import (Common, Dataset, bool_value, cli, common_values, dataset_entries, int_value,
+                               load_config, resolve_files, str_value)
 
 PROG = "ultra3 data prep sft"
 FORMAT = "ultra3-sft-packed-parquet/1"
@@ -78,17 +78,6 @@ PART_RECORDS = (256, 20000)  # records per tokenize task: at least, at most
 PART_BYTES = 128 << 20  # input bytes per tokenize task, at most (JSONL files: see JSONL_SPLITS)
 JSONL_SPLITS = 8  # a JSONL file is read by at most this many tasks (each decompresses the file up to its start)
 STAGING = ".staging-"
-
-
-@dataclass
-class Dataset:
-    name: str
-    path: str
-    messages_field: str
-    weight: float
-    split: str
-    subset: str | None
-    revision: str | None
 
 
 @dataclass
@@ -155,7 +144,7 @@ def scan_sources(settings: Settings, files: dict) -> dict:
         for path, fmt in files[d.name][0]:
             if need == 0:
                 break
-            entry = inputs.scan(path, fmt, d.messages_field, None, need)
+            entry = inputs.scan(path, fmt, d.field, None, need)
             result[d.name].append(entry)
             need = None if need is None else need - entry["records"]
         if not sum(s["records"] for s in result[d.name]):
@@ -179,7 +168,7 @@ def plan_partitions(settings: Settings, sources: dict, workers: int) -> list:
             for i in range(k):
                 lo, hi = i * n // k, (i + 1) * n // k
                 if hi > lo:
-                    part = conversations.Partition(len(parts), d.name, d.messages_field, records=hi - lo)
+                    part = conversations.Partition(len(parts), d.name, d.field, records=hi - lo)
                     part.pieces.append(conversations.Piece(s["path"], s["format"], lo, hi))
                     parts.append(part)
     return parts
@@ -453,7 +442,7 @@ def run(config_path: str) -> int:
         mine = corpus.dataset == index[d.name]
         pd = per_dataset[d.name]
         datasets.append({
-            "name": d.name, "path": d.path, "messages_field": d.messages_field, "weight": d.weight,
+            "name": d.name, "path": d.path, "messages_field": d.field, "weight": d.weight,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
             "inputs": [{"path": s["path"], "format": s["format"], **s["fingerprint"], "records": s["records"]}
                        for s in sources[d.name]],

@@ -78,6 +78,19 @@ def str_value(cfg: dict, key: str, default=None, required: bool = False) -> str 
 
 
 @dataclass
+class Dataset:
+    """One dataset of the blend; `field` is the column read (text_field, or messages_field for SFT)."""
+
+    name: str
+    path: str
+    field: str
+    weight: float
+    split: str
+    subset: str | None
+    revision: str | None
+
+
+@dataclass
 class Common:
     """The settings of both runtimes (each adds its own in a subclass)."""
 
