@@ -277,22 +277,21 @@ def load_gigatoken(mode: str, work: Path):
         return gigatoken
     except ImportError:
         pass
-    if mode == "auto" or mode == "yes":
-        target = work / "gigatoken-pkg"
-        if not target.exists():
-            pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
-                                  "gigatoken==0.10.0"], capture_output=True, text=True)
-            if pip.returncode != 0:
-                print(f"pip install gigatoken failed: {pip.stderr.strip().splitlines()[-1:]}", flush=True)
-                return None
-        sys.path.append(str(target))  # after the venv's own packages, so its numpy etc. win
-        try:
-            import gigatoken
+    target = work / "gigatoken-pkg"  # auto or yes: install it
+    if not target.exists():
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+                              "gigatoken==0.10.0"], capture_output=True, text=True)
+        if pip.returncode != 0:
+            print(f"pip install gigatoken failed: {pip.stderr.strip().splitlines()[-1:]}", flush=True)
+            return None
+    sys.path.append(str(target))  # after the venv's own packages, so its numpy etc. win
+    try:
+        import gigatoken
 
-            return gigatoken
-        except ImportError as e:
-            print(f"gigatoken does not import: {e}", flush=True)
-    return None
+        return gigatoken
+    except ImportError as e:
+        print(f"gigatoken does not import: {e}", flush=True)
+        return None
 
 
 def trained_tokenizer(work: Path, paths: list[Path], vocab: int, train_mb: int) -> str:

@@ -14,7 +14,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -162,10 +161,10 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
-def start_script(config: dict, path: Path) -> subprocess.Popen:
+def start_script(config: dict, path: Path, env: dict | None = None) -> subprocess.Popen:
     path.write_text(json.dumps(config))  # JSON is YAML
     return subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env={**_env(), **(env or {})})
 
 
 def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -173,8 +172,13 @@ def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run_script(config: dict, path: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return finish(start_script(config, path), timeout)
+def run_script(config: dict, path: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    return finish(start_script(config, path, env), timeout)
+
+
+def ray_tripwire(tmp_path: Path) -> tuple[dict, Path]:
+    """An environment whose Ray, if it starts, makes its session directory under the returned path."""
+    return {"RAY_TMPDIR": str(tmp_path / "ray-tmp")}, tmp_path / "ray-tmp"
 
 
 @pytest.fixture(scope="module")
@@ -377,10 +381,10 @@ def test_sample_up_to_date_and_rebuild(runs, tmp_path):
     meta = json.loads((out / "sample-40" / "metadata.json").read_text())
     assert meta["sample"] == 40 and meta["totals"]["records"] == 40 and sorted(os.listdir(out)) == ["sample-40"]
     before = (out / "sample-40" / "metadata.json").stat().st_mtime_ns
-    t0 = time.time()
-    p = run_script(cfg, tmp_path / "c1.yaml")
+    env, ray_tmp = ray_tripwire(tmp_path)
+    p = run_script(cfg, tmp_path / "c1.yaml", env=env)
     assert p.returncode == 0 and "up to date" in p.stdout, p.stdout + p.stderr
-    assert time.time() - t0 < 10 and (out / "sample-40" / "metadata.json").stat().st_mtime_ns == before
+    assert not ray_tmp.exists() and (out / "sample-40" / "metadata.json").stat().st_mtime_ns == before
     p = run_script({**cfg, "pack_size": 256, "pad_seq_to_mult": 4}, tmp_path / "c2.yaml")  # other settings
     assert p.returncode == 0 and "rebuilding" in p.stdout, p.stdout + p.stderr
     meta = json.loads((out / "sample-40" / "metadata.json").read_text())
@@ -430,13 +434,13 @@ def test_config_and_input_errors_are_one_line_exit_2(change, message, inputs_dir
     out = tmp_path / "out"
     cfg = base_config(inputs_dir, out, **change)
     cfg = {k: v for k, v in cfg.items() if v is not None}
-    t0 = time.time()
-    p = run_script(cfg, tmp_path / "config.yaml")
+    env, ray_tmp = ray_tripwire(tmp_path)
+    p = run_script(cfg, tmp_path / "config.yaml", env=env)
     assert p.returncode == 2, p.stdout + p.stderr
     err = p.stderr.strip()
     assert "\n" not in err and err.startswith("ultra3 data prep sft: error: ") and message in err, err
     assert not out.exists()
-    assert time.time() - t0 < 20  # found before Ray starts
+    assert not ray_tmp.exists()  # found before Ray starts
 
 
 # ---- in process: padding to a multiple, without Ray ----------------------------------------------------
@@ -571,21 +575,11 @@ def test_bfd_efficiency_on_100k_long_tailed_lengths():
 
 def test_bfd_is_n_log_n():
     """The loop runs over distinct sizes and groups of identical bins, not items: its step count stays
-    flat as N grows 20x, and the time grows about linearly (a per-item scan would grow 400x)."""
+    flat as N grows 20x (a per-item loop would grow 20x). Wall time is measured by benchmarks/packing.py."""
     small, large = lognormal(20_000, 600, 4096, 1), lognormal(400_000, 600, 4096, 2)
     ps, pl = best_fit_decreasing(small, 4096), best_fit_decreasing(large, 4096)
     distinct = len(np.unique(large))
-    assert pl.steps <= 6 * distinct and pl.steps <= 3 * ps.steps
-    best = {}
-    for name, sizes in (("small", small), ("large", large)):
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            best_fit_decreasing(sizes, 4096)
-            times.append(time.perf_counter() - t0)
-        best[name] = min(times)
-    assert best["large"] / best["small"] < 60
-    assert best["large"] < 2.0
+    assert pl.steps <= 6 * distinct and pl.steps < 2 * ps.steps, (ps.steps, pl.steps, distinct)
 
 
 def test_the_tiny_sample_is_generated_reproducibly(tmp_path):

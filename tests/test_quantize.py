@@ -11,7 +11,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -278,9 +277,7 @@ def test_unset_checkpoint_comes_from_the_latest_completed_sft_else_pretrain_job(
     assert r.rc == 0, r.err
     assert f"note: bf16_checkpoint: from the latest completed pretrain job ultra3-pretrain_20260101-000000-aaaaaa: " \
            f"{pre}" in r.out
-    time.sleep(0.01)
     sft = completed_pretrain_job(home, tmp_path, "ultra3-sft_20260102-000000-bbbbbb", stage="sft")
-    time.sleep(0.01)
     completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260103-000000-cccccc")  # newer, but sft comes first
     completed_pretrain_job(home, tmp_path, "ultra3-sft_20260104-000000-dddddd", stage="sft", tracker=False)  # none
     r = cli(*args)

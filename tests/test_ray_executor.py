@@ -18,10 +18,6 @@ import pytest
 
 from conftest import free_ports, wait_for
 
-DASHBOARD = 8275
-GCS = 6390
-
-
 @pytest.fixture(scope="module")
 def ray_head():
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
@@ -37,10 +33,10 @@ def ray_head():
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # job drivers use this Python
     # ports of its own, so another Ray on this machine (an embedded one of a data-prep run) can't collide
-    agent, grpc, runtime_env, metrics = free_ports(4)
+    dashboard, gcs, agent, grpc, runtime_env, metrics = free_ports(6)
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
-                             "--node-ip-address=127.0.0.1", f"--port={GCS}", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={DASHBOARD}", f"--dashboard-agent-listen-port={agent}",
+                             "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent}",
                              f"--dashboard-agent-grpc-port={grpc}", f"--runtime-env-agent-port={runtime_env}",
                              f"--metrics-export-port={metrics}", f"--temp-dir={tmp}",
                              "--object-store-memory=200000000", "--disable-usage-stats"],
@@ -48,7 +44,7 @@ def ray_head():
 
     def up() -> bool:  # the dashboard answers (401 without Ray's auth token: it is up)
         try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{DASHBOARD}/api/version", timeout=1).status == 200
+            return urllib.request.urlopen(f"http://127.0.0.1:{dashboard}/api/version", timeout=1).status == 200
         except urllib.error.HTTPError as e:
             return e.code == 401
         except OSError:
@@ -57,14 +53,14 @@ def ray_head():
     def agent_ready() -> bool:  # the job agent starts after the dashboard; a no-op job proves it
         # in a fresh interpreter, as the CLI runs: Ray caches its auth token per process
         probe = ("from ultra3.launch.ray_jobs import client; "
-                 f"client('http://127.0.0.1:{DASHBOARD}').submit_job(entrypoint='true')")
+                 f"client('http://127.0.0.1:{dashboard}').submit_job(entrypoint='true')")
         return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
     try:
         assert wait_for(up, timeout=180), "the Ray head did not come up"
         assert wait_for(agent_ready, timeout=240, interval=3), \
             f"the Ray head's job agent did not come up:\n{_agent_log(tmp)}"
-        yield f"http://127.0.0.1:{DASHBOARD}"
+        yield f"http://127.0.0.1:{dashboard}"
     finally:  # --block: SIGTERM drains and stops every process the head started
         head.send_signal(signal.SIGTERM)
         head.wait(timeout=60)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
+from datetime import datetime, timezone
 
 from ultra3 import jobs
 from ultra3.paths import RECIPES_DIR
@@ -17,7 +17,8 @@ import preflight
 
 
 def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True, stage: str = "pretrain") -> str:
-    """A finished local training job as the launcher leaves it: registry record, config, exit code, checkpoint."""
+    """A finished local training job as the launcher leaves it: registry record, config, exit code, checkpoint.
+    Submitted at the time in its id (ultra3-<stage>_YYYYMMDD-HHMMSS-<hex>), so ids order the registry."""
     job_dir = tmp_path / job_id
     code = job_dir / stage / "code"
     code.mkdir(parents=True)
@@ -28,15 +29,19 @@ def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True, st
     (code / "config.yaml").write_text(f"checkpoint:\n  save: {ckpt}\n")
     (job_dir / stage / "exit_code").write_text("0\n")
     jobs.save(jobs.JobRecord(id=job_id, stage=stage, config="tiny", executor="local", mode="local",
-                             submitted=time.time(), job_dir=str(job_dir), task=stage, log_glob="*.log"))
+                             submitted=submitted_at(job_id), job_dir=str(job_dir), task=stage, log_glob="*.log"))
     return str(ckpt)
+
+
+def submitted_at(job_id: str) -> float:
+    stamp = job_id.split("_", 1)[1].rsplit("-", 1)[0]
+    return datetime.strptime(stamp, "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp()
 
 
 def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp_path):
     r = cli("sft", "-c", "tiny", "--dry-run")
     assert r.rc == 0 and "  pretrained_checkpoint: null" in r.out  # none yet: the preflight will stop
     older = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
-    time.sleep(0.01)
     completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260102-000000-bbbbbb", tracker=False)  # saved none
     r = cli("sft", "-c", "tiny", "--dry-run")
     assert r.rc == 0, r.err

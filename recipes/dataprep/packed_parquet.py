@@ -40,13 +40,6 @@ def padded_runtime(stored_len: np.ndarray, mult: int) -> np.ndarray:
     return -(-r // mult) * mult
 
 
-def label_mask(token_mask: np.ndarray) -> np.ndarray:
-    """Token mask (1 = a token the model must produce) -> MB's stored mask (1 = the next token is one)."""
-    out = np.zeros(len(token_mask), dtype=np.int8)
-    out[:-1] = token_mask[1:]
-    return out
-
-
 def default_row_group_size(pack_size: int) -> int:
     """~64 MiB of tokens per row group (16 rows at 294,912 like NVIDIA's config; 1,000 for small packs)."""
     return int(max(1, min(1000, (64 << 20) // (pack_size * 5))))
@@ -72,13 +65,6 @@ def table(input_ids: np.ndarray, loss_mask: np.ndarray, row_offsets: np.ndarray,
         pa.ListArray.from_arrays(row_offsets, pa.array(np.asarray(loss_mask, dtype=np.int8))),
         pa.ListArray.from_arrays(seq_offsets, pa.array(np.asarray(seq_start, dtype=np.int32))),
     ], schema=schema())
-
-
-def read_rows(path: str) -> list[dict]:
-    """All rows of one shard as Python lists (for tests and inspection)."""
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()
 
 
 def check_row(row: dict, pack_size: int, mult: int = 1) -> None:

@@ -128,21 +128,7 @@ def best_fit_decreasing(sizes, capacity: int) -> Packing:
                 g_count[gid] = have - take
                 if have == take:
                     stack.pop()
-                # add(gid, size, mult, take, room - mult * size), inlined: this is the hot loop.
-                # The new room is below `room`, so never this stack.
-                new_room = room - mult * size
-                new_gid = len(g_parent)
-                g_parent.append(gid)
-                g_size.append(size)
-                g_mult.append(mult)
-                g_count.append(take)
-                other = levels.get(new_room)
-                if other is None:
-                    levels[new_room] = [new_gid]
-                    if new_room:
-                        insort(active, new_room)
-                else:
-                    other.append(new_gid)
+                add(gid, size, mult, take, room - mult * size)  # a lower room, never this stack
                 steps += 1
             if not stack:
                 del levels[room]

@@ -22,7 +22,6 @@ except `write_shard`, which runs as one Ray task per shard and reads the tokens 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ import numpy as np
 from . import packed_parquet as pp
 from .conversations import load_part
 from .packing import Packing, best_fit_decreasing
-from .shards import tmp_name
+from .shards import sha256_file, tmp_name
 
 SPLITS = ("train", "valid", "test")
 SHARD_NAME = "shard_{:06d}.parquet"
@@ -205,10 +204,6 @@ def write_shard(path: str, seq_part: np.ndarray, seq_offset: np.ndarray, stored:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
     return {"file": os.path.basename(path), "rows": rows, "sequences": len(stored),
             "tokens": int(stored.sum()), "stored_tokens": int(padded.sum()), "loss_tokens": loss,
-            "bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+            "bytes": os.path.getsize(path), "sha256": sha256_file(path)}

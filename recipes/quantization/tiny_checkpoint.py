@@ -11,32 +11,13 @@ MTP_PREFIX = "mtp."
 
 
 def hf_config(model: dict):
-    """A transformers NemotronHConfig from Megatron-Bridge model keys."""
+    """A transformers NemotronHConfig from Megatron-Bridge model keys: the config.json the training runtime
+    builds the same model from."""
     from transformers import NemotronHConfig
 
-    return NemotronHConfig(
-        vocab_size=model["vocab_size"],
-        hidden_size=model["hidden_size"],
-        hybrid_override_pattern=model["hybrid_layer_pattern"],
-        num_attention_heads=model["num_attention_heads"],
-        num_key_value_heads=model["num_query_groups"],
-        head_dim=model["kv_channels"],
-        intermediate_size=model["ffn_hidden_size"],
-        mamba_num_heads=model["mamba_num_heads"],
-        mamba_head_dim=model["mamba_head_dim"],
-        ssm_state_size=model["mamba_state_dim"],
-        n_groups=model["mamba_num_groups"],
-        n_routed_experts=model["num_moe_experts"],
-        num_experts_per_tok=model["moe_router_topk"],
-        moe_intermediate_size=model["moe_ffn_hidden_size"],
-        moe_shared_expert_intermediate_size=model["moe_shared_expert_intermediate_size"],
-        moe_latent_size=model["moe_latent_size"],
-        num_nextn_predict_layers=model.get("mtp_num_layers") or 0,
-        max_position_embeddings=model["seq_length"],
-        chunk_size=64,
-        architectures=["NemotronHForCausalLM"],
-        dtype="bfloat16",
-    )
+    from training.hf_config import hf_config as config_json
+
+    return NemotronHConfig(**{"chunk_size": 64, **config_json(model), "dtype": "bfloat16"})
 
 
 def mtp_tensors(config, seed: int) -> dict:

@@ -45,7 +45,6 @@ class Build:
 
 @dataclass
 class Plan:
-    stage: str
     recipe: str  # the Ultra recipe function
     entry: str  # pretrain or finetune
     model_source: str  # "local" (recipe.hf_model is a directory), "hub" or "keys" (config.json from our keys)
@@ -64,7 +63,7 @@ def make_plan(cfg: dict) -> Plan:
     dataset = cfg.get("dataset") or {}
     mock = bool(dataset.get("mock"))
     return Plan(
-        stage=stage, recipe=RECIPES[stage], entry=ENTRY_POINTS[stage], model_source=source,
+        recipe=RECIPES[stage], entry=ENTRY_POINTS[stage], model_source=source,
         hf_model=os.path.expanduser(hf_model) if source == "local" else hf_model,
         hf_revision=recipe.get("hf_revision"),
         blend_path=None if mock or stage != "pretrain" else dataset.get("blend_path"),

@@ -58,14 +58,15 @@ def latest_checkpoint(stages: tuple[str, ...]) -> tuple[str, str, str] | None:
     `stages` that has one."""
     from . import jobs
 
-    records = [r for r in jobs.all_records() if r.stage in stages and not r.ssh]
-    states = jobs.states(records) if records else {}
+    saved = []  # (record, checkpoint dir) of the jobs that saved one, newest first
+    for r in jobs.all_records():
+        path = _checkpoint_dir(Path(r.task_dir) / "code" / "config.yaml") if r.stage in stages and not r.ssh else None
+        if path and any((Path(path) / t).is_file() for t in TRACKERS):
+            saved.append((r, path))
+    states = jobs.states([r for r, _ in saved]) if saved else {}  # the scheduler is asked about these only
     for stage in stages:
-        for record in (r for r in records if r.stage == stage):  # newest first
-            if states.get(record.id) is None or states[record.id].state != "COMPLETED":
-                continue
-            path = _checkpoint_dir(Path(record.task_dir) / "code" / "config.yaml")
-            if path and any((Path(path) / t).is_file() for t in TRACKERS):
+        for record, path in saved:
+            if record.stage == stage and states.get(record.id) and states[record.id].state == "COMPLETED":
                 return stage, record.id, path
     return None
 

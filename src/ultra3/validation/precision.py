@@ -29,6 +29,7 @@ from ultra3.precision_map import (
     knob_values,
     layer_map,
     layer_rows,
+    low_precision,
     module_rows,
     unmatched_globs,
 )
@@ -76,7 +77,7 @@ def check(cfg: dict, report) -> None:
     prec = precision(cfg)
     if prec is None:
         return
-    report.facts["precision"] = "nvfp4" if prec.nvfp4 else "mxfp8" if prec.mxfp8 else "fp8" if prec.fp8 else "bf16"
+    report.facts["precision"] = (low_precision(prec) or "bf16").lower()
     _hardware(cfg, prec, report)
     _knobs(cfg, prec, report)
     if prec.nvfp4:

@@ -111,5 +111,6 @@ def _layouts(cfg: dict, report: Report) -> None:
     export = {**cfg, "model": {**(cfg.get("model") or {}), **(cfg.get("export") or {})}}
     renamed = _Renamed(report)
     parallelism.check(export, renamed)
-    report.tables.update({f"{k} (calibration)": v for k, v in [("parallelism", calibration)] if v},
-                         **{"parallelism (export)": v for v in renamed.tables.values()})
+    for layout, table in (("calibration", calibration), ("export", renamed.tables.get("parallelism"))):
+        if table:
+            report.tables[f"parallelism ({layout})"] = table
