@@ -5,10 +5,10 @@
                                             [--encoder auto|gigatoken|tokenizers] [--gigatoken auto|yes|no]
 
 1. Generates a corpus of --size-mb MB of text (JSONL bytes; the English-like stories of
-   recipes/samples/make_tiny.py, seeded) as 8 files in --format, once (kept in --dir for later runs). With
+   recipes.samples.make_tiny, seeded) as 8 files in --format, once (kept in --dir for later runs). With
    several sizes, step 2 runs on each (so the peak RSS of each size is printed: memory should be flat in
    the corpus size) and steps 3 and 4 on the last.
-2. Runs the real pipeline (recipes/data_prep_pretrain.py in a subprocess, embedded Ray, 16 shards,
+2. Runs the real pipeline (recipes.data_prep_pretrain in a subprocess, embedded Ray, 16 shards,
    `force: true`, `encoder: --encoder`) once per --workers value; reports wall time, tokens/s, MB/s (corpus
    bytes / wall) and the peak RSS of the whole run (driver + Ray, summed over its processes, sampled every
    0.2 s) and of its largest single process; the shard phase: from the line saying Ray is up to the last
@@ -45,10 +45,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "recipes" / "data_prep_pretrain.py"
-sys.path.insert(0, str(REPO / "recipes" / "samples"))
+sys.path.insert(0, str(REPO))  # the runtime package `recipes`
 
-import make_tiny  # noqa: E402
+from recipes import data_prep_pretrain as pipeline  # noqa: E402
+from recipes.dataprep import encoders, inputs, shards  # noqa: E402
+from recipes.dataprep import tokenizer as tokenization  # noqa: E402
+from recipes.samples import make_tiny  # noqa: E402
 
 FILES = 8
 
@@ -114,10 +116,12 @@ def bench_config(paths: list[Path], tokenizer: str, out: Path, workers: int, enc
 def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, work: Path, encoder: str) -> dict:
     config = work / f"bench-w{workers}.yaml"
     config.write_text(json.dumps(bench_config(paths, tokenizer, out, workers, encoder)))  # JSON is YAML
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
     started = time.time()
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=env, cwd=work,
+    proc = subprocess.Popen([sys.executable, "-m", "recipes.data_prep_pretrain", "--config", str(config)], env=env,
+                            cwd=work,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list = []  # (time, line)
     reader = threading.Thread(target=lambda: lines.extend((time.time(), x) for x in proc.stdout), daemon=True)
@@ -149,8 +153,6 @@ def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, wor
 
 
 def _shard_task(args):
-    from dataprep import shards
-
     return shards.write_shard(*args)["tokens"]
 
 
@@ -158,14 +160,6 @@ def run_without_ray(paths: list[Path], tokenizer: str, out: Path, workers: int, 
     """The pipeline's shard tasks in `workers` processes (no Ray): the rate of the hot loop."""
     import multiprocessing
 
-    import importlib.util
-
-    sys.path.insert(0, str(REPO / "recipes"))
-    spec = importlib.util.spec_from_file_location("data_prep_pretrain_runtime", SCRIPT)  # not this file
-    pipeline = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pipeline)
-    from dataprep import encoders
-    from dataprep import tokenizer as tokenization
 
     settings = pipeline.parse_settings(bench_config(paths, tokenizer, out, workers, encoder))
     tok, tok_json = tokenization.load(settings.tokenizer)
@@ -184,9 +178,6 @@ def run_without_ray(paths: list[Path], tokenizer: str, out: Path, workers: int, 
 
 
 def sample_texts(paths: list[Path], limit_bytes: int) -> list[str]:
-    sys.path.insert(0, str(REPO / "recipes"))
-    from dataprep import inputs
-
     texts, size = [], 0
     bad = inputs.BadRecords()
     for path in paths:
@@ -335,9 +326,6 @@ def main() -> None:
     corpora = {size: generate(work / f"corpus-{size}mb-{args.format.replace('.', '-')}", size, args.format)
                for size in args.size_mb}
     paths = corpora[args.size_mb[-1]]
-    sys.path.insert(0, str(REPO / "recipes"))
-    from dataprep import tokenizer as tokenization
-
     tokenizer = trained_tokenizer(work, paths, args.vocab, args.train_mb) if args.vocab else args.tokenizer
     info, tokenizer_json = tokenization.load(tokenizer)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; tokenizer {tokenizer} "

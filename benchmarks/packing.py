@@ -1,4 +1,4 @@
-"""SFT packing benchmark: our best-fit decreasing (recipes/dataprep/packing.py) on 1 M long-tailed
+"""SFT packing benchmark: our best-fit decreasing (recipes.dataprep.packing) on 1 M long-tailed
 (lognormal) sequence lengths, against a naive first-fit on a 20 k subset.
 
     python benchmarks/packing.py [--n 1000000] [--naive-n 20000] [--repeat 3]
@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the runtime package `recipes`
 
-from dataprep.packing import best_fit_decreasing, efficiency, first_fit_naive
+from recipes.dataprep.packing import best_fit_decreasing, efficiency, first_fit_naive  # noqa: E402
 
 CASES = [  # (pack size, median length, pad_seq_to_mult)
     (4096, 600, 1),

@@ -32,8 +32,8 @@ def tiny_flow() -> None:
         cfg["calibration"]["path"] = str(REPO / cfg["calibration"]["path"])
         (Path(tmp) / "config.yaml").write_text(json.dumps(cfg))
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, str(REPO / "recipes/quantize.py"), "--config", f"{tmp}/config.yaml"],
-                           capture_output=True, text=True)
+        p = subprocess.run([sys.executable, "-m", "recipes.quantize", "--config", f"{tmp}/config.yaml"],
+                           capture_output=True, text=True, cwd=REPO)
         wall = time.perf_counter() - t0
         if p.returncode:
             raise SystemExit(p.stdout + p.stderr)
@@ -47,11 +47,11 @@ def tiny_flow() -> None:
 
 
 def config_bits(config_json: str, recipe: str) -> None:
-    sys.path.insert(0, str(REPO / "recipes"))
+    sys.path.insert(0, str(REPO))  # the runtime package `recipes`
     from modelopt.recipe import load_recipe
     from transformers import AutoConfig
 
-    from quantization import precision
+    from recipes.quantization import precision
 
     model = precision.plan(AutoConfig.from_pretrained(str(Path(config_json).parent)),
                            load_recipe(recipe).quantize.model_dump())

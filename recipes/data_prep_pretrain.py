@@ -1,8 +1,8 @@
 """Runtime of `ultra3 data prep pretrain`: tokenize pretraining corpora into Megatron bin/idx shards on Ray.
 
-    python recipes/data_prep_pretrain.py --config config.yaml
+    python -m recipes.data_prep_pretrain --config config.yaml
 
-Started by recipes/launch.py inside the job (after the preflight) with the resolved config; it runs just as
+Started by recipes.launch inside the job (after the preflight) with the resolved config; it runs just as
 well by hand. Needs the `data` extra (ray, tokenizers, gigatoken, pyarrow, numpy, zstandard,
 huggingface_hub) and PyYAML; never the launcher.
 
@@ -59,15 +59,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from dataprep import blend, encoders, inputs, progress, shards  # noqa: E402
-from dataprep import tokenizer as tokenization  # noqa: E402
-from dataprep.cluster import Cluster, where  # noqa: E402
-from dataprep.errors import BadRecordError, DataPrepError  # noqa: E402
-from dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,  # noqa: E402
-                               resolve_files, str_value)
+from .dataprep import blend, encoders, inputs, progress, shards
+from .dataprep import tokenizer as tokenization
+from .dataprep.cluster import Cluster, where
+from .dataprep.errors import BadRecordError, DataPrepError
+from .dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,
+                                resolve_files, str_value)
 
 PROG = "ultra3 data prep pretrain"
 MANIFEST_FORMAT = "ultra3-pretrain-data/1"

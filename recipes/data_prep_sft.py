@@ -1,9 +1,9 @@
 """Runtime of `ultra3 data prep sft`: render SFT conversations through a chat template, mask everything but
 the assistant turns, pack them best-fit into fixed-size sequences and write Megatron-Bridge packed Parquet.
 
-    python recipes/data_prep_sft.py --config config.yaml
+    python -m recipes.data_prep_sft --config config.yaml
 
-Started by recipes/launch.py inside the job (after the preflight) with the resolved config; it runs just as
+Started by recipes.launch inside the job (after the preflight) with the resolved config; it runs just as
 well by hand. Needs the `data` extra (ray, tokenizers, pyarrow, numpy, zstandard, huggingface_hub, jinja2)
 and PyYAML; never the launcher.
 
@@ -60,17 +60,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from dataprep import chat, conversations, inputs, shards
-from dataprep import packed_parquet as pp
-from dataprep import sft_output as out_
-from dataprep import tokenizer as tokenization
-from dataprep.cluster import Cluster, where
-from dataprep.errors import BadRecordError, DataPrepError
-from dataprep.settings import (Common, Dataset, bool_value, cli, common_values, dataset_entries, int_value,
-                               load_config, resolve_files, str_value)
+from .dataprep import chat, conversations, inputs, shards
+from .dataprep import packed_parquet as pp
+from .dataprep import sft_output as out_
+from .dataprep import tokenizer as tokenization
+from .dataprep.cluster import Cluster, where
+from .dataprep.errors import BadRecordError, DataPrepError
+from .dataprep.settings import (Common, Dataset, bool_value, cli, common_values, dataset_entries, int_value,
+                                load_config, resolve_files, str_value)
 
 PROG = "ultra3 data prep sft"
 FORMAT = "ultra3-sft-packed-parquet/1"

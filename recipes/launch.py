@@ -1,6 +1,8 @@
-"""In-job entry point, one per node: preflight, then the stage's recipe the way its launch kind says:
-torchrun over this node's GPUs; a Ray stage on a Ray cluster spanning the job's nodes (on one node the
-recipe starts its own embedded Ray, or joins $RAY_ADDRESS under a Ray job).
+"""In-job entry point, one per node (`python -m recipes.launch --config config.yaml` in the code dir):
+preflight, then the stage's recipe module (job.recipe) the way its launch kind says: torchrun over this
+node's GPUs; a Ray stage on a Ray cluster spanning the job's nodes (on one node the recipe starts its own
+embedded Ray, or joins $RAY_ADDRESS under a Ray job). The recipe runs as a child process; once it has
+succeeded, the first node publishes the job's declared outputs (job.produces) in the artifact store.
 Stdlib (plus PyYAML) only until the preflight has passed."""
 
 from __future__ import annotations
@@ -10,39 +12,36 @@ import collections
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from . import contract, preflight
+from .contract import HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
 
-import preflight  # noqa: E402
-
-PREFLIGHT_EXIT = 3
 WAIT_S = 600  # for the other nodes: their preflight, the Ray head's address, every Ray node
-HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"  # the first node's address, set by the job script
 
 
 def load(path: str) -> dict:
     try:
         import yaml
     except ImportError:
-        print(f"{preflight.MARK}: PyYAML is not installed in the job's Python ({sys.executable})", flush=True)
+        print(f"{PREFLIGHT_MARK}: PyYAML is not installed in the job's Python ({sys.executable})", flush=True)
         raise SystemExit(PREFLIGHT_EXIT) from None
     with open(path) as f:
         return yaml.safe_load(f)
 
 
-def torchrun_argv(cfg: dict, script: str, config: str) -> list[str]:
+def torchrun_argv(cfg: dict, module: str, config: str) -> list[str]:
     run, job = cfg["run"], cfg["job"]
     nodes, per_node = int(run.get("nodes") or 1), int(run.get("gpus_per_node") or 1)
     if nodes == per_node == 1:  # one rank: run it directly, so its own exit code and last line are the job's
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1"))})
-        return [sys.executable, script, "--config", config]
+        return [sys.executable, "-m", module, "--config", config]
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}"]
     if nodes == 1:
         argv.append("--standalone")
@@ -50,30 +49,68 @@ def torchrun_argv(cfg: dict, script: str, config: str) -> list[str]:
         head = os.environ.get(HEAD_NODE_VAR) or os.environ.get("MASTER_ADDR", "localhost")
         argv += [f"--nnodes={nodes}", f"--node-rank={os.environ.get('SLURM_NODEID', '0')}",
                  "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:29500", f"--rdzv-id={job['id']}"]
-    return [*argv, script, "--config", config]
+    return [*argv, "--module", module, "--config", config]
 
 
-def main() -> None:
+def main() -> int:
+    started = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
     # one write per line (not two, as unbuffered print does): the nodes' launchers share the job log
     sys.stdout.reconfigure(line_buffering=True, write_through=False)
     cfg = load(args.config)
+    job = cfg["job"]
     nodes = int(os.environ.get("SLURM_NNODES", "1"))
     if nodes > 1:
         print(f"node {os.environ.get('SLURM_NODEID')} of {nodes}: {os.environ.get('SLURMD_NODENAME')}")
     if not (preflight_everywhere(cfg, nodes) if nodes > 1 else preflight.report(cfg)):
-        raise SystemExit(PREFLIGHT_EXIT)
-    script = os.path.join(HERE, cfg["job"]["recipe"])
-    if cfg["job"]["launch"] == "torchrun":
-        argv = torchrun_argv(cfg, script, args.config)
+        return PREFLIGHT_EXIT
+    if job["launch"] == "torchrun":
+        argv = torchrun_argv(cfg, job["recipe"], args.config)
     else:
-        argv = [sys.executable, script, "--config", args.config]
-    if cfg["job"]["launch"] == "ray" and nodes > 1:
-        raise SystemExit(ray_across_nodes(cfg, argv))
+        argv = [sys.executable, "-m", job["recipe"], "--config", args.config]
+    code = ray_across_nodes(cfg, argv) if job["launch"] == "ray" and nodes > 1 else run_child(argv)
+    if code == 0 and os.environ.get("SLURM_NODEID", "0") == "0":
+        return publish(cfg, time.monotonic() - started)
+    return code
+
+
+def run_child(argv: list[str], env: dict | None = None) -> int:
+    """Run `argv` (in this process group) until it ends, passing on the SIGTERM and SIGINT this process gets;
+    its exit code, 128+N when signal N ended it (as a shell reports it)."""
     print("+ " + " ".join(argv))
-    os.execv(argv[0], argv)
+    child: list[subprocess.Popen] = []
+
+    def forward(signum, frame) -> None:
+        if not child:
+            raise SystemExit(128 + signum)
+        child[0].send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        child.append(subprocess.Popen(argv, env=env))
+        code = child[0].wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def publish(cfg: dict, seconds: float) -> int:
+    """The job's declared outputs (job.produces) into the artifact store, one line each; exit 1 (publishing
+    nothing) when one is missing. A config that declares none, or names no store, publishes nothing."""
+    job = cfg["job"]
+    if not job.get("produces") or not job.get("artifacts_root"):
+        return 0
+    missing = next((out for out in job["produces"] if not os.path.exists(out["path"])), None)
+    if missing:
+        print(f"{job.get('stage')}: error: the job ended without its {missing['kind']} output at {missing['path']}",
+              file=sys.stderr, flush=True)
+        return 1
+    for manifest in contract.record_outputs(cfg, seconds):
+        print(f"published {manifest['name']}:v{manifest['version']} -> {manifest['path']}")
+    return 0
 
 
 def job_file(cfg: dict, name: str) -> str:
@@ -161,8 +198,7 @@ def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:
             f.write(address)
         os.replace(tag + ".tmp", tag + ".head")
         _wait_for_nodes(ray, int(os.environ["SLURM_NNODES"]), head)
-        print("+ " + " ".join(driver))
-        code = subprocess.call(driver, env={**os.environ, "RAY_ADDRESS": address})
+        code = run_child(driver, env={**os.environ, "RAY_ADDRESS": address})
         print(f"ray tasks per node: {tasks_per_node(ray)}")
         return code
     finally:
@@ -179,7 +215,7 @@ def _ray_worker(cfg: dict, tag: str, temp: str) -> int:
         if os.path.exists(tag + ".done"):
             return 0  # the head stopped before its cluster was up: its exit code tells why
         if time.time() > deadline:
-            print(f"{preflight.MARK}: no Ray head address in {tag}.head after {WAIT_S}s")
+            print(f"{PREFLIGHT_MARK}: no Ray head address in {tag}.head after {WAIT_S}s")
             return PREFLIGHT_EXIT
         time.sleep(1)
     address = read(tag + ".head")
@@ -202,7 +238,7 @@ def _connect(ray, address: str, head: subprocess.Popen) -> None:
             return
         except ConnectionError:
             if head.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"{preflight.MARK}: the Ray head at {address} did not start") from None
+                raise SystemExit(f"{PREFLIGHT_MARK}: the Ray head at {address} did not start") from None
             time.sleep(1)
 
 
@@ -211,7 +247,7 @@ def _wait_for_nodes(ray, nodes: int, head: subprocess.Popen) -> None:
     while len(alive := sorted((n["NodeManagerAddress"], n["Resources"].get("CPU", 0))
                               for n in ray.nodes() if n["Alive"])) < nodes:
         if head.poll() is not None or time.time() > deadline:
-            raise SystemExit(f"{preflight.MARK}: the Ray cluster has {len(alive)} of {nodes} nodes "
+            raise SystemExit(f"{PREFLIGHT_MARK}: the Ray cluster has {len(alive)} of {nodes} nodes "
                              f"after {WAIT_S}s")
         time.sleep(1)
     print(f"ray cluster up: {len(alive)} nodes ({', '.join(f'{ip} with {cpus:g} CPU(s)' for ip, cpus in alive)})")
@@ -268,4 +304,4 @@ def free_port(ip: str | None) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

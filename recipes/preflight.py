@@ -1,7 +1,8 @@
 """Checks that run first inside every job, on every node, before anything expensive starts.
 
-Stdlib only: it must run in any container. Each failed check is one short reason with its fix; the
-job prints them on one line starting with PREFLIGHT FAILED and exits, and the launcher reports it.
+Stdlib only: it must run in any container. The job config names its checks (`job.checks`, written by the
+launcher from the stage registry); each failed check is one short reason with its fix; the job prints them
+on one line starting with contract.PREFLIGHT_MARK and exits, and the launcher reports it.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ import glob
 import importlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 
-MARK = "PREFLIGHT FAILED"
-NVFP4_CAPABILITIES = {"10.0", "10.3"}  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only
+from .contract import NVFP4_CAPABILITIES, PREFLIGHT_MARK, trains_nvfp4
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def python_version(cfg: dict) -> str | None:
@@ -34,8 +37,6 @@ def _importable(module: str) -> str | None:
 
 
 def training_packages(cfg: dict) -> str | None:
-    if (cfg.get("job") or {}).get("stage") == "quantize" and cfg.get("backend") != "megatron":
-        return quantize_packages()
     missing = [f"{m} ({err})" for m in ("megatron.bridge", "transformer_engine") if (err := _importable(m))]
     if missing:
         return (f"not importable: {', '.join(missing)}; run inside the training container "
@@ -43,8 +44,11 @@ def training_packages(cfg: dict) -> str | None:
     return None
 
 
-def quantize_packages() -> str | None:
-    """The quantize stage's hf backend runs on any machine, a CPU-only one included."""
+def quantize_packages(cfg: dict) -> str | None:
+    """The hf backend runs on any machine, a CPU-only one included; the megatron backend needs the training
+    packages."""
+    if cfg.get("backend") == "megatron":
+        return training_packages(cfg)
     missing = [f"{m} ({err})" for m in ("modelopt", "transformers", "safetensors", "requests") if (err := _importable(m))]
     if missing:
         return f"not importable: {', '.join(missing)}; install the launcher's `quantize` extra in the job's Python"
@@ -71,42 +75,49 @@ def gpus(cfg: dict) -> str | None:
     if len(caps) < wanted:
         return f"{len(caps)} GPU(s) visible, the config needs {wanted} per node (run.gpus_per_node)"
     precision = str(cfg.get("mixed_precision") or "")
-    if "nvfp4" in precision and not set(caps) <= NVFP4_CAPABILITIES:
-        return (f"mixed_precision={precision} needs Blackwell (compute capability 10.0/10.3), these GPUs are "
+    if "nvfp4" in precision and not all(trains_nvfp4(_capability(c)) for c in caps):
+        sms = "/".join(f"{major}.{minor}" for major, minor in NVFP4_CAPABILITIES)
+        return (f"mixed_precision={precision} needs Blackwell (compute capability {sms}), these GPUs are "
                 f"{', '.join(sorted(set(caps)))}; use mixed_precision=bf16_mixed")
     return None
 
 
-def data_paths(cfg: dict) -> str | None:
-    dataset = cfg.get("dataset") or {}
+def _capability(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else (0, 0)
+
+
+def inputs(cfg: dict) -> str | None:
+    """The job's inputs (`job.inputs`, resolved by the launcher): each required one set, each set one readable."""
     problems = []
-    if not dataset.get("mock"):
-        blend = dataset.get("blend_path")
-        if blend:
-            problems += _blend_problems(blend)
-        packed = dataset.get("packed_dir")
-        if packed and not os.path.isdir(packed):
-            problems.append(f"dataset.packed_dir {packed} is not a readable directory")
-        if cfg.get("job", {}).get("stage") == "pretrain" and not blend:
-            problems.append("dataset.blend_path is not set (or set dataset.mock=true)")
-    ckpt = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
-    if ckpt and not os.path.isdir(ckpt):
-        problems.append(f"recipe.pretrained_checkpoint {ckpt} is not a readable directory")
-    resume = (cfg.get("checkpoint") or {}).get("load")
-    if cfg.get("job", {}).get("stage") == "sft" and not ckpt and not resume:
-        problems.append("recipe.pretrained_checkpoint is not set: SFT starts from a pretrain checkpoint "
-                        "(Megatron-Bridge's finetune needs one)")
+    for inp in (cfg.get("job") or {}).get("inputs") or []:
+        key, path = inp["key"], os.path.expanduser(inp.get("path") or "")
+        if not path:
+            if inp.get("required"):
+                first = f"run `{inp['hint']}` first or " if inp.get("hint") else ""
+                problems.append(f"{key} is not set: this stage needs its {inp['name']} input "
+                                f"({', '.join(inp.get('kinds') or [])}); {first}set {key}=PATH")
+        elif "pretrain-data" in (inp.get("kinds") or []):
+            problems += _blend_problems(key, path)
+        elif not _hub_reference(path) and not (os.access(path, os.R_OK) or glob.glob(path)):
+            problems.append(f"{key} {path} is not readable")
     return "; ".join(problems) or None
 
 
-def _blend_problems(path: str) -> list[str]:
-    if not os.access(path, os.R_OK):
-        return [f"dataset.blend_path {path} is not readable"]
+def _hub_reference(value: str) -> bool:
+    """A Hugging Face hub id (`org/name`, not a local path) or an hf:// path: the runtime fetches it."""
+    return value.startswith("hf://") or (HUB_ID.match(value) is not None and not os.path.exists(value))
+
+
+def _blend_problems(key: str, path: str) -> list[str]:
+    """A blend.json of `data prep pretrain`: readable JSON whose every prefix has its .bin and .idx."""
+    if not os.access(path, os.R_OK) or not os.path.isfile(path):
+        return [f"{key} {path} is not readable"]
     try:
         with open(path) as f:
             blend = json.load(f)
     except ValueError as e:
-        return [f"dataset.blend_path {path} is not valid JSON ({e})"]
+        return [f"{key} {path} is not valid JSON ({e})"]
     prefixes = [p for split in blend.values() if isinstance(split, list) for p in split if isinstance(p, str)]
     missing = [p for p in prefixes for ext in (".bin", ".idx") if not os.access(p + ext, os.R_OK)]
     return [f"{len(missing)} data file(s) of {path} unreadable, e.g. {missing[0]}"] if missing else []
@@ -150,23 +161,30 @@ def _parents(path: str) -> list[str]:
     return parents
 
 
-CHECKS = {
-    "torchrun": (python_version, training_packages, gpus, data_paths),
-    "process": (python_version, data_paths),
-    "ray": (python_version, data_prep_packages, data_prep_inputs),
+CHECKS = {check.__name__: check for check in (python_version, training_packages, quantize_packages, gpus, inputs,
+                                              data_prep_packages, data_prep_inputs)}
+# for a config without job.checks (written by an older launcher): the checks of its launch kind
+BY_LAUNCH = {
+    "torchrun": ("python_version", "training_packages", "gpus", "inputs"),
+    "ray": ("python_version", "data_prep_packages", "data_prep_inputs"),
 }
+GENERIC = ("python_version", "inputs")  # any other launch kind
 
 
 def run(cfg: dict) -> list[str]:
-    launch = (cfg.get("job") or {}).get("launch", "process")
-    return [reason for check in CHECKS[launch] if (reason := check(cfg))]
+    job = cfg.get("job") or {}
+    names = job.get("checks") or BY_LAUNCH.get(job.get("launch"), GENERIC)
+    unknown = [name for name in names if name not in CHECKS]
+    if unknown:  # a launcher newer than this runtime
+        return [f"unknown preflight check(s) {', '.join(unknown)}: this runtime does not match the launcher"]
+    return [reason for name in names if (reason := CHECKS[name](cfg))]
 
 
 def report(cfg: dict) -> bool:
     host = socket.gethostname()
     reasons = run(cfg)
     if reasons:
-        print(f"{MARK} on {host}: {'; '.join(reasons)}", flush=True)
+        print(f"{PREFLIGHT_MARK} on {host}: {'; '.join(reasons)}", flush=True)
         return False
     print(f"preflight ok on {host}", flush=True)
     return True

@@ -2,9 +2,9 @@
 recipe (default: the Ultra NVFP4 recipe shipped in ModelOpt), exported as a quantized Hugging Face checkpoint
 with a report.
 
-    python recipes/quantize.py --config config.yaml
+    python -m recipes.quantize --config config.yaml
 
-Started by recipes/launch.py under torchrun (one process per GPU; one process on a CPU-only machine) after the
+Started by recipes.launch under torchrun (one process per GPU; one process on a CPU-only machine) after the
 preflight; it runs just as well by hand. Needs the `quantize` extra (nvidia-modelopt, transformers, requests).
 
 Config keys (others, such as `run` and `job`, are ignored):
@@ -43,12 +43,11 @@ import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from dataprep.errors import DataPrepError  # noqa: E402
-from dataprep.settings import load_config  # noqa: E402
-from quantization import megatron_export  # noqa: E402
-from quantization.errors import QuantizeError  # noqa: E402
+from .contract import INPUT_ERROR_EXIT
+from .dataprep.errors import DataPrepError
+from .dataprep.settings import load_config
+from .quantization import megatron_export
+from .quantization.errors import QuantizeError
 
 PROG = "ultra3 quantize"
 REPORT = "quantization_report.json"
@@ -85,7 +84,7 @@ def source(cfg: dict):
     """(transformers config, tokenizer) of the checkpoint, or of the one `make_checkpoint` will build."""
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
-    from quantization import tiny_checkpoint
+    from .quantization import tiny_checkpoint
 
     ckpt = cfg.get("bf16_checkpoint")
     if not ckpt:
@@ -108,7 +107,7 @@ def source(cfg: dict):
 
 def plan(config, quant_cfg: dict, recipe: str) -> dict:
     """What the recipe does to this model, from its config alone; an error when it quantizes nothing."""
-    from quantization import precision
+    from .quantization import precision
 
     model = precision.plan(config, quant_cfg)
     if not precision.enabled_quantizers(model):
@@ -129,7 +128,7 @@ def pick_device(cfg: dict) -> str:
         raise QuantizeError("device: cuda, but no GPU is visible; use device=auto or cpu")
     device = "cuda" if wanted == "auto" and torch.cuda.is_available() else wanted.replace("auto", "cpu")
     if device == "cpu":
-        from quantization import nvfp4_cpu
+        from .quantization import nvfp4_cpu
 
         torch.set_num_threads(1)  # tiny ops on busy cores: extra threads only spin
         nvfp4_cpu.install()
@@ -144,7 +143,7 @@ def quantize_hf(cfg: dict, config, tokenizer, quant_cfg: dict, staging: str) -> 
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
 
-    from quantization import accuracy, calibration, export, tiny_checkpoint
+    from .quantization import accuracy, calibration, export, tiny_checkpoint
 
     calib = cfg.get("calibration") or {}
     batch = calib.get("batch_size") or 1
@@ -191,7 +190,7 @@ def run(config_path: str) -> int:
     cfg["bf16_checkpoint"] = megatron_export.to_hf(cfg, log)
     config, tokenizer = source(cfg)
     planned = plan(config, quant_cfg, recipe)
-    from quantization import megatron, precision
+    from .quantization import megatron, precision
 
     log(f"recipe {recipe}, checkpoint {cfg['bf16_checkpoint']}, backend {cfg.get('backend') or 'hf'}\n"
         + precision.format_table(planned))
@@ -203,7 +202,7 @@ def run(config_path: str) -> int:
             exported = megatron.run(cfg, recipe, staging)
             if rank:
                 return 0
-            from quantization import export
+            from .quantization import export
 
             tokenizer.save_pretrained(exported)
             measured = {"accuracy": None, "export_fixes": {"sentinel_names_fixed": export.fix_sentinel_names(exported)}}
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.config)
     except DataPrepError as e:  # QuantizeError, or the config unreadable
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return INPUT_ERROR_EXIT
 
 
 if __name__ == "__main__":

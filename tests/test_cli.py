@@ -44,7 +44,7 @@ def commands(help_text: str) -> list[str]:
 def test_ultra3_help_lists_the_stages(cli):
     r = ok(cli("--help"))
     assert r.out.startswith("Usage: ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "quantize", "data"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data"]
     assert "ultra3 pretrain -c tiny --dry-run" in r.out
     assert commands(ok(cli("data", "prep", "--help")).out) == ["pretrain", "sft"]
     assert ok(cli()).out == r.out  # no arguments: the same help, exit 0
@@ -60,7 +60,7 @@ def test_nemotron_help_lists_ultra3_and_jobs(cli):
 def test_nemotron_ultra3_help_lists_the_stages(cli):
     r = ok(cli("ultra3", "--help", prog="nemotron"))
     assert r.out.startswith("Usage: nemotron ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "quantize", "data"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data"]
 
 
 def test_stage_help_lists_configs_profiles_and_examples(cli, tmp_path):
@@ -106,8 +106,9 @@ def test_options_before_the_stage_equal_options_after(cli):
     after = ok(cli("pretrain", "-c", "tiny", "-d"))
     assert ok(cli("-c", "tiny", "-d", "pretrain")).out == after.out
     assert ok(cli("-d", "pretrain", "-c", "tiny")).out == after.out
-    profile_after = ok(cli("sft", "-c", "tiny", "-b", "ci", "-d", "train.train_iters=3"))
-    profile_before = ok(cli("--batch=ci", "--dry-run", "sft", "--config=tiny", "train.train_iters=3"))
+    ckpt = "recipe.pretrained_checkpoint=/lustre/ckpt"  # a cluster path: a warning on this machine
+    profile_after = ok(cli("sft", "-c", "tiny", "-b", "ci", "-d", "train.train_iters=3", ckpt))
+    profile_before = ok(cli("--batch=ci", "--dry-run", "sft", "--config=tiny", "train.train_iters=3", ckpt))
     assert profile_before.out == profile_after.out
     assert "profile 'ci'" in profile_after.out
     assert compiled(profile_after.out)["train"]["train_iters"] == 3
@@ -166,7 +167,7 @@ def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(cli, home):
     for line in ("#SBATCH --account=ultra3", "#SBATCH --partition=debug", "#SBATCH --nodes=1",
                  "#SBATCH --gpus-per-node=1", "#SBATCH --job-name=ultra3.pretrain"):
         assert line in script.splitlines()
-    assert "recipes/launch.py --config config.yaml" in script
+    assert "python -m recipes.launch --config config.yaml" in script
     assert "== local command" not in r.out
     assert r.out.rstrip().endswith("Dry run: nothing was written or submitted.")
     assert "mode attached" in ok(cli("pretrain", "-c", "tiny", "--run", "ci", "-d")).out.splitlines()[0]
@@ -176,7 +177,7 @@ def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(cli, home):
 def test_dry_run_without_a_profile_prints_the_local_command(cli, home):
     r = ok(cli("pretrain", "-c", "tiny", "-d"))
     assert "local (this machine), mode local" in r.out.splitlines()[0]
-    assert "recipes/launch.py --config config.yaml" in section(r.out, "local command")
+    assert " -m recipes.launch --config config.yaml" in section(r.out, "local command")
     assert "#SBATCH" not in r.out
     assert "== sbatch script" not in r.out
     assert r.err == ""

@@ -118,8 +118,8 @@ def test_torchrun_stage_runs_its_preflight_on_both_nodes(two_nodes, cli):
 
     # what each node's launcher would start once its preflight passes: rendezvous at the first node
     code = Path(job_dir) / "pretrain" / "code"
-    probe = ("import sys, yaml; sys.path.insert(0, 'recipes'); import launch; "
-             "print(' '.join(launch.torchrun_argv(yaml.safe_load(open('config.yaml')), 'pretrain.py', 'config.yaml')))")
+    probe = ("import yaml; from recipes import launch; print(' '.join(launch.torchrun_argv("
+             "yaml.safe_load(open('config.yaml')), 'recipes.pretrain', 'config.yaml')))")
     sbatch_log = next((Path(job_dir) / "pretrain").glob("sbatch_*.out")).read_text()
     head = re.search(r"^\+ export ULTRA3_HEAD_NODE=(\S+)$", sbatch_log, re.M)  # as the job script set it
     assert head and head.group(1) == "127.0.0.1", sbatch_log
@@ -132,4 +132,5 @@ def test_torchrun_stage_runs_its_preflight_on_both_nodes(two_nodes, cli):
     for rank, argv in enumerate(argvs):
         assert argv.split()[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=2",
                                     f"--node-rank={rank}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29500",
-                                    f"--rdzv-id={job_id}", "pretrain.py", "--config", "config.yaml"], argv
+                                    f"--rdzv-id={job_id}", "--module", "recipes.pretrain", "--config",
+                                    "config.yaml"], argv

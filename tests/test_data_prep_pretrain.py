@@ -1,4 +1,4 @@
-"""The pretraining data-prep runtime (recipes/data_prep_pretrain.py), run as a job runs it: a subprocess on a
+"""The pretraining data-prep runtime (recipes.data_prep_pretrain), run as a job runs it: a subprocess on a
 YAML config, on real Ray, writing real shards that Megatron-Core's IndexedDataset reads back.
 
 Most runs join one local Ray head started for this module (loopback, 2 CPUs, a small object store, token
@@ -35,16 +35,16 @@ np = pytest.importorskip("numpy")
 yaml = pytest.importorskip("yaml")
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "recipes" / "data_prep_pretrain.py"
+RUNTIME = [sys.executable, "-m", "recipes.data_prep_pretrain"]
 TINY = REPO / "recipes" / "samples" / "tiny"
-sys.path.insert(0, str(REPO / "recipes"))
 
-from dataprep import encoders, hub, indexed, shards  # noqa: E402
+from recipes.dataprep import encoders, hub, indexed, shards  # noqa: E402
 
 BIN = Path(sys.executable).parent
+# PYTHONPATH: the runtime runs as a module from any directory (a job runs it from its code dir)
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-       "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+       "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(REPO)}
 
 
 @dataclass
@@ -63,7 +63,7 @@ def write_config(path: Path, cfg: dict) -> Path:
 
 def prep(cfg: dict, where: Path, env: dict | None = None, timeout: float = 180) -> Result:
     config = write_config(where / f"config-{secrets.token_hex(3)}.yaml", cfg)
-    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env={**ENV, **(env or {})},
+    p = subprocess.run([*RUNTIME, "--config", str(config)], env={**ENV, **(env or {})},
                        capture_output=True, text=True, timeout=timeout, start_new_session=True, cwd=where)
     return Result(p.returncode, p.stdout, p.stderr)
 
@@ -110,7 +110,9 @@ def ray_cluster():
     """A local Ray head (loopback, 2 CPUs, token auth): the env that points a run at it."""
     tmp = Path(tempfile.mkdtemp(prefix="u3ray"))  # short: Ray's socket paths must fit in 107 bytes
     gcs, client, agent = free_ports(3)
-    env = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    # no PYTHONPATH: the workers get the recipes package from the driver (a runtime-env py_modules entry)
+    env = {**{k: v for k, v in ENV.items() if k != "PYTHONPATH"}, "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     log = open(tmp / "head.log", "w")
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--num-gpus=0", "--disable-usage-stats",
@@ -164,7 +166,7 @@ def megatron_sequences(prefix: Path):
 def tiny_run(tmp_path_factory):
     """The tiny sample config, run like a job: embedded Ray on both CPUs."""
     where = tmp_path_factory.mktemp("tiny")
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config",
+    proc = subprocess.Popen([*RUNTIME, "--config",
                              str(write_config(where / "config.yaml", tiny_config(where / "out", workers=2)))],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, cwd=where)
@@ -322,7 +324,7 @@ def test_a_tokenizer_gigatoken_cannot_reproduce_falls_back_with_one_line(ray_clu
 def _small_task(tmp_path: Path, texts: list[str]) -> tuple:
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     source = inputs.scan(str(corpus), "jsonl", "text")
     tok_json = (TINY / "tokenizer.json").read_text()
@@ -525,7 +527,7 @@ MIXED_LINES = [  # each a record unless blank; the comments name what the line-b
 
 def _line_by_line(path: Path, start: int, end: int, bad) -> list[str]:
     """The reference: every line through the line decoder (what the block decoder falls back to)."""
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     texts, n = [], 0
     for lineno, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
@@ -540,7 +542,7 @@ def _line_by_line(path: Path, start: int, end: int, bad) -> list[str]:
 @pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])  # a line per block, a few, all in one
 def test_block_decoder_gives_the_texts_and_bad_records_of_line_by_line_decoding(tmp_path, monkeypatch,
                                                                                  block_bytes):
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     monkeypatch.setattr(inputs, "BLOCK_BYTES", block_bytes)
     corpus = tmp_path / "mixed.jsonl"
@@ -562,7 +564,7 @@ def test_block_decoder_gives_the_texts_and_bad_records_of_line_by_line_decoding(
 def test_a_bad_record_in_the_middle_of_a_decoded_block_is_placed_exactly(tmp_path):
     """One block of 2,000 records, decoded by Arrow in one go: the null, the blank text and (strict) the
     first of them still name their own lines."""
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     lines = [json.dumps({"text": f"document {i}"}) for i in range(2000)]
     lines[1234] = '{"text": null}'
@@ -589,7 +591,7 @@ def test_block_and_line_decoding_write_the_same_shard_bytes(tmp_path, monkeypatc
     lines[10:10] = ['{"text": null}', '{"text": "  "}', '{"text": 5}', "{broken"]
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     monkeypatch.setattr(inputs, "BLOCK_BYTES", 16 << 10)  # many blocks: the bad ones are in one
     source = inputs.scan(str(corpus), "jsonl", "text")
@@ -623,7 +625,7 @@ def test_blank_texts_in_parquet_are_found_in_arrays(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"t": ["a", None, " \u2029", "b", "", "c"]}), path, row_group_size=4)
@@ -635,7 +637,7 @@ def test_blank_texts_in_parquet_are_found_in_arrays(tmp_path):
 
 
 def test_whitespace_is_what_str_strip_strips():
-    from dataprep import inputs
+    from recipes.dataprep import inputs
 
     assert inputs.whitespace() == "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
 
@@ -713,7 +715,7 @@ def kill_session(sid: int) -> None:
 
 
 def _kill_when(config: Path, where: Path, cond, what: str) -> None:
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=ENV, cwd=where,
+    proc = subprocess.Popen([*RUNTIME, "--config", str(config)], env=ENV, cwd=where,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for(proc, cond, what)
     kill_session(proc.pid)
@@ -764,7 +766,7 @@ def test_kill_9_anywhere_then_resume_gives_the_same_bytes(ray_cluster, tmp_path)
     done = len(receipts())
     assert done >= 5
     # 4. resumed to the end (on the other Ray: the cluster)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env={**ENV, **ray_cluster},
+    proc = subprocess.run([*RUNTIME, "--config", str(config)], env={**ENV, **ray_cluster},
                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert f"shards written {6 - done}, reused {done}" in proc.stdout, proc.stdout

@@ -1,4 +1,4 @@
-"""The SFT data-prep runtime (recipes/data_prep_sft.py) for real: the entry script as a subprocess on the
+"""The SFT data-prep runtime (recipes.data_prep_sft) for real: the entry module as a subprocess on the
 shipped tiny sample (plus a Parquet dataset and a JSONL of bad records) on the embedded Ray, every packed
 Parquet row read back with pyarrow and checked against the conversations rendered and tokenized
 independently here; determinism across worker counts; strict mode; one-line exit-2 errors; and the
@@ -20,20 +20,16 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
-SCRIPT = RECIPES / "data_prep_sft.py"
-TINY = RECIPES / "samples" / "tiny"
-sys.path.insert(0, str(RECIPES))
-sys.path.insert(0, str(RECIPES / "samples"))
+TINY = REPO / "recipes" / "samples" / "tiny"
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("ray")
 tokenizers = pytest.importorskip("tokenizers")
 
-from dataprep import chat, conversations, sft_output
-from dataprep import packed_parquet as pp
-from dataprep.packing import (
+from recipes.dataprep import chat, conversations, sft_output
+from recipes.dataprep import packed_parquet as pp
+from recipes.dataprep.packing import (
     best_fit_decreasing,
     best_fit_decreasing_naive,
     efficiency,
@@ -142,7 +138,7 @@ def write_bad_jsonl(path: Path) -> None:
 
 
 def parquet_records() -> list[dict]:
-    from make_tiny_sft import conversations as gen
+    from recipes.samples.make_tiny_sft import conversations as gen
 
     out = []
     for conv in gen(seed=7):
@@ -163,8 +159,9 @@ def _env() -> dict:
 
 def start_script(config: dict, path: Path, env: dict | None = None) -> subprocess.Popen:
     path.write_text(json.dumps(config))  # JSON is YAML
-    return subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env={**_env(), **(env or {})})
+    return subprocess.Popen([sys.executable, "-m", "recipes.data_prep_sft", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**_env(), **(env or {})})
 
 
 def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -397,7 +394,7 @@ def test_sample_up_to_date_and_rebuild(runs, tmp_path):
 
 
 def test_force_redoes_an_up_to_date_output(tmp_path):
-    import data_prep_sft as driver
+    from recipes import data_prep_sft as driver
 
     def settings(**over):
         return driver.parse_settings({"datasets": [{"name": "a", "path": "x"}], "tokenizer": "t", "pack_size": 64,
@@ -446,7 +443,7 @@ def test_config_and_input_errors_are_one_line_exit_2(change, message, inputs_dir
 # ---- in process: padding to a multiple, without Ray ----------------------------------------------------
 
 def test_pad_seq_to_mult_pads_with_eos_and_no_loss(tmp_path):
-    import data_prep_sft as driver
+    from recipes import data_prep_sft as driver
 
     tok = tokenizers.Tokenizer.from_file(str(TINY / "tokenizer.json"))
     tok_json = (TINY / "tokenizer.json").read_text()
@@ -583,8 +580,8 @@ def test_bfd_is_n_log_n():
 
 
 def test_the_tiny_sample_is_generated_reproducibly(tmp_path):
-    p = subprocess.run([sys.executable, str(RECIPES / "samples" / "make_tiny_sft.py"), "--out", str(tmp_path)],
-                       check=False, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "recipes.samples.make_tiny_sft", "--out", str(tmp_path)],
+                       check=False, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "sft.jsonl.gz").read_bytes() == (TINY / "sft.jsonl.gz").read_bytes()
     records = tiny_records()

@@ -13,17 +13,18 @@ from ultra3.stages import STAGES
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [(s, c) for s in STAGES for c in config_names(s.config_dir)]
-# the full runs need data (the dry run refuses a training job without any)
-DATA = {"pretrain": ["dataset.blend_path=/lustre/data/blend.json"],
-        "sft": ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"]}
+# the training inputs no artifact store holds here (the dry run refuses a training job without them)
+INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
+          ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
+          ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"]}
 
 
 @pytest.mark.parametrize("stage,config", CASES, ids=[f"{s.slug}-{c}" for s, c in CASES])
 def test_dry_run_matches_golden(cli, home, stage, config):
-    data = DATA.get(stage.name, []) if config == "default" else []
-    result = cli(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", *data)
+    inputs = INPUTS.get((stage.name, config), [])
+    result = cli(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", *inputs)
     assert result.rc == 0, result.err
-    text = result.out.replace(str(Path.cwd()), "<cwd>")
+    text = result.out.replace(str(Path.cwd()), "<cwd>").replace(str(home), "<home>")
     golden = GOLDEN / f"{stage.slug}-{config}.txt"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)

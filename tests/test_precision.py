@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,12 @@ from ultra3.compile import JOB_DIR_PLACEHOLDER, Options, compile_job
 from ultra3.errors import InvalidConfig
 from ultra3.findings import Report
 from ultra3.launch.plan import slurm_spec
-from ultra3.launch.sbatch import render_sbatch
+from ultra3.executors.sbatch import render_sbatch
 from ultra3.precision_map import MODULE_PATHS, TE_KNOBS, layer_map, module_rows
 from ultra3.stages import STAGES
 from ultra3.validation.precision import GRAD_REDUCE, settle
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "recipes"))
-from training.precision import (  # noqa: E402
+from recipes.training.precision import (
     DDP_FIELDS,
     MODEL_FIELDS,
     NVFP4_PRESET,

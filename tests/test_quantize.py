@@ -17,11 +17,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "recipes" / "quantize.py"
-sys.path.insert(0, str(REPO / "recipes"))
 torch = pytest.importorskip("torch")
 pytest.importorskip("modelopt.torch.quantization")
-from quantization import megatron_export  # noqa: E402
+from recipes.quantization import megatron_export  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from test_training_inputs import completed_pretrain_job  # noqa: E402
 
@@ -43,8 +41,8 @@ def tiny_config(tmp: Path, **over) -> dict:
 
 def run_script(cfg: dict, path: Path) -> subprocess.CompletedProcess:
     path.write_text(json.dumps(cfg))
-    return subprocess.run([sys.executable, str(SCRIPT), "--config", str(path)], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)
+    return subprocess.run([sys.executable, "-m", "recipes.quantize", "--config", str(path)], capture_output=True,
+                          text=True, cwd=REPO, timeout=600)
 
 
 def tensors(path: Path) -> dict:
@@ -163,7 +161,7 @@ def test_dequantized_export_matches_the_fake_quantized_model(flow, tmp_path):
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantization import calibration, nvfp4_cpu
+    from recipes.quantization import calibration, nvfp4_cpu
 
     torch.set_num_threads(1)
     nvfp4_cpu.install()
@@ -189,7 +187,7 @@ def test_dequantized_export_matches_the_fake_quantized_model(flow, tmp_path):
 def test_cpu_fallback_matches_modelopt_reference_quantizer():
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
-    from quantization import nvfp4_cpu
+    from recipes.quantization import nvfp4_cpu
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=gen) * torch.logspace(-3, 1, 64).unsqueeze(1)

@@ -1,26 +1,35 @@
 """The README's set-up command, through the real CLI on this machine: the tiny data prep on the embedded
-Ray, then the tiny pretraining dry run that consumes its blend.json."""
+Ray, then the tiny pretraining dry run that finds its blend.json in the artifact store by itself."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 
 
-def test_tiny_data_prep_then_the_pretrain_dry_run_that_reads_it(cli, home, tmp_path):
-    out = tmp_path / "data" / "tiny"
-    prep = cli("data", "prep", "pretrain", "-c", "tiny", f"output_dir={out}")
+def test_tiny_data_prep_then_the_pretrain_dry_run_that_reads_it(cli, home):
+    prep = cli("data", "prep", "pretrain", "-c", "tiny")
     assert prep.rc == 0, prep.err + prep.out[-2000:]
-    assert "COMPLETED" in prep.out
-    blend = json.loads((out / "blend.json").read_text())
+    job = re.search(r"^submitted (\S+) ", prep.out, re.M).group(1)
+    published = re.search(r"^published (ultra3-pretrain-data-tiny:v1) -> (\S+)$", prep.out, re.M)
+    assert published and "COMPLETED" in prep.out, prep.out[-2000:]
+    path = Path(published.group(2))
+    blend = json.loads(path.read_text())
     assert set(blend) == {"train", "valid", "test"} and blend["train"]
-    dry = cli("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false", f"dataset.blend_path={out}/blend.json")
+
+    dry = cli("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false")
     assert dry.rc == 0, dry.err
-    assert f"dataset.blend_path                        = {out}/blend.json  <- command line" in dry.out
+    assert re.search(rf"^dataset.blend_path = {re.escape(str(path))}  \(from {job} completed "
+                     r"\d{4}-\d\d-\d\d \d\d:\d\d, ultra3-pretrain-data-tiny:v1\)$", dry.out, re.M), dry.out
+    explicit = cli("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false", f"dataset.blend_path={path}")
+    assert re.search(rf"^dataset.blend_path +\= {re.escape(str(path))}  <- command line$", explicit.out, re.M)
+
     # a blend naming shards that are gone is caught before anything runs
     first = blend["train"][1]  # [weight, prefix, ...] with absolute prefixes
     for ext in (".bin", ".idx"):
         os.unlink(first + ext)
-    broken = cli("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false", f"dataset.blend_path={out}/blend.json")
+    broken = cli("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false")
     assert broken.rc == 2 and broken.err_lines[0].startswith("error: dataset.blend_path: ")
     assert "without .bin/.idx" in broken.err

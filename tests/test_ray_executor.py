@@ -52,7 +52,7 @@ def ray_head():
 
     def agent_ready() -> bool:  # the job agent starts after the dashboard; a no-op job proves it
         # in a fresh interpreter, as the CLI runs: Ray caches its auth token per process
-        probe = ("from ultra3.launch.ray_jobs import client; "
+        probe = ("from ultra3.executors.ray import client; "
                  f"client('http://127.0.0.1:{dashboard}').submit_job(entrypoint='true')")
         return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 

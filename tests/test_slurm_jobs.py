@@ -332,11 +332,11 @@ def test_burst_of_20_detached_jobs(slurm, cli, home):
 # -- the job-dir fallback ------------------------------------------------------------------------
 
 def test_state_from_the_job_dir_when_accounting_forgot_the_job(slurm, cli, home):
-    from ultra3 import jobs as registry
+    from ultra3 import jobs, records
 
     sub = submit(cli, "--batch", "ci")
     wait_state(cli, sub.id, *TERMINAL)
-    record = registry.find(sub.id)
+    record = records.find(sub.id)
     real_out = record.task_dir + f"/sbatch_ultra3.pretrain_{sub.slurm_id}.out"
     assert "job exited with code 3" in Path(real_out).read_text()
 
@@ -346,18 +346,18 @@ def test_state_from_the_job_dir_when_accounting_forgot_the_job(slurm, cli, home)
     shutil.copy(real_out, real_out.replace(f"_{sub.slurm_id}.out", f"_{lost_id}.out"))
     lost = dataclasses.replace(record, id=f"{record.id}-lost", slurm_id=lost_id)
 
-    st = registry.state(lost)
+    st = jobs.state(lost)
     assert (st.state, st.exit_code, st.source) == ("FAILED", 3, "job dir"), st
     assert PREFLIGHT.match(st.reason), st.reason
 
-    registry.save(lost)  # and from a later shell
+    records.save(lost)  # and from a later shell
     shown = status(cli, lost.id)
     assert (shown["state"], shown["exit_code"], shown["source"]) == ("FAILED", 3, "job dir"), shown["text"]
     assert PREFLIGHT.match(shown["reason"]), shown["text"]
 
     # no accounting and no end marker: UNKNOWN, and says why
     gone = dataclasses.replace(record, id=f"{record.id}-gone", slurm_id=str(int(lost_id) + 1))
-    st = registry.state(gone)
+    st = jobs.state(gone)
     assert st.state == "UNKNOWN" and "neither sacct nor squeue" in st.reason, st
 
 

@@ -76,3 +76,29 @@ setup = ["export PATH={Path(sys.executable).parent}:$PATH"]
     assert "PREFLIGHT FAILED" in status.out and "on 127.0.0.1" in status.out
     logs = cli("jobs", "logs", job_id, prog="nemotron")
     assert logs.rc == 0 and "PREFLIGHT FAILED" in logs.out
+
+
+def test_logs_over_ssh_are_read_from_a_byte_offset(home, sshd, tmp_path):
+    """`tail -c +N` on the cluster side: only the new bytes come back, across the files of a requeued job,
+    with the remote path quoted (a space and a quote in it)."""
+    from ultra3.executors import executor
+    from ultra3.records import JobRecord
+
+    job_dir = tmp_path / "it's a job dir"
+    task = job_dir / "pretrain"
+    task.mkdir(parents=True)
+    first = task / "log-ultra3.pretrain_7_0.out"
+    first.write_text("one\n")
+    record = JobRecord(id="j", stage="pretrain", config="tiny", executor="slurm", mode="detached", submitted=0,
+                       job_dir=str(job_dir), task="pretrain", log_glob="pretrain/log-ultra3.pretrain_7_*.out",
+                       slurm_id="7", ssh={"host": "127.0.0.1", "port": PORT, "user": "root",
+                                          "identity": str(sshd / "client")})
+    slurm = executor("slurm")
+
+    text, offset = slurm.read_log(record, 0)
+    assert (text, offset) == ("one\n", 4)
+    assert slurm.read_log(record, offset) == ("", 4)
+    with open(first, "a") as f:
+        f.write("two\n")
+    (task / "log-ultra3.pretrain_7_1.out").write_text("requeued\n")
+    assert slurm.read_log(record, offset) == ("two\nrequeued\n", 17)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from datetime import datetime, timezone
 
-from ultra3 import jobs
-from ultra3.paths import RECIPES_DIR
+from ultra3 import records
 from ultra3.training_inputs import hf_model_keys
 
-sys.path.insert(0, str(RECIPES_DIR))
-import preflight
+from recipes import preflight
 
 
 def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True, stage: str = "pretrain") -> str:
@@ -28,7 +25,7 @@ def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True, st
         (ckpt / "latest_train_state.pt").write_bytes(b"\0")
     (code / "config.yaml").write_text(f"checkpoint:\n  save: {ckpt}\n")
     (job_dir / stage / "exit_code").write_text("0\n")
-    jobs.save(jobs.JobRecord(id=job_id, stage=stage, config="tiny", executor="local", mode="local",
+    records.save(records.JobRecord(id=job_id, stage=stage, config="tiny", executor="local", mode="local",
                              submitted=submitted_at(job_id), job_dir=str(job_dir), task=stage, log_glob="*.log"))
     return str(ckpt)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ from ultra3.paths import RECIPES_DIR, config_names
 from ultra3.stages import STAGES
 from ultra3.training_inputs import hf_model_keys
 
-sys.path.insert(0, str(RECIPES_DIR))
-from training import hf_config, plan
+from recipes.training import hf_config, plan
 
 GOLDEN = Path(__file__).parent / "golden"
 TRAINING = [s for s in STAGES if s.name in ("pretrain", "sft")]

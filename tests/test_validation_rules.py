@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from ultra3.findings import Report
+from ultra3.validation import validate_training
+
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    import ultra3  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT / "src"))
-
-from ultra3.findings import Report  # noqa: E402
-from ultra3.validation import validate_training  # noqa: E402
-
 CONFIGS = ROOT / "configs"
 
 

@@ -3,12 +3,12 @@
 Embedded: `ray.init` on this machine's CPUs (those this process may run on), loopback only
 (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` makes Ray bind 127.0.0.1 instead of the routable address), no
 dashboard, usage stats off, a small object store (only task arguments and receipts travel through it);
-the workers find `recipes/dataprep` through PYTHONPATH, which they inherit. `ray.shutdown()` at the end
+the workers find the `recipes` package through PYTHONPATH, which they inherit. `ray.shutdown()` at the end
 stops every process it started, all at once with SIGKILL once the driver has disconnected (an embedded Ray
 holds nothing worth the graceful exit Ray would wait for, process after process); a SIGTERM (Slurm's
 scancel) ends the run through the same path.
 
-`$RAY_ADDRESS` set (Ray on Slurm, a Ray job): connect to it; `recipes/dataprep` is shipped to the
+`$RAY_ADDRESS` set (Ray on Slurm, a Ray job): connect to it; the `recipes` package is shipped to the
 workers as a runtime-env `py_modules` entry, so they need not see this directory.
 
 Started lazily: a run whose shards are all done, or that stops on a config error, never starts Ray. A run
@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # recipes/
 WARM_WAIT_S = 10
 
 
@@ -94,9 +94,9 @@ class Cluster:
         self.ray = ray  # from here on, stop() shuts Ray down, also when ray.init is interrupted
         try:
             if self.address:
-                ray.init(address=self.address, runtime_env={"py_modules": [HERE]}, logging_level=logging.ERROR)
+                ray.init(address=self.address, runtime_env={"py_modules": [PACKAGE]}, logging_level=logging.ERROR)
             else:
-                parent = os.path.dirname(HERE)
+                parent = os.path.dirname(PACKAGE)
                 paths = [parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != parent]
                 os.environ["PYTHONPATH"] = os.pathsep.join(paths)
                 ray.init(num_cpus=local_cpus(), num_gpus=0, include_dashboard=False,
@@ -169,6 +169,7 @@ def kill_descendants() -> None:
 
 
 def _terminate(signum, frame) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a repeat (recipes.launch passes it on) must not cut the cleanup short
     raise SystemExit(128 + signum)
 
 

@@ -1,5 +1,5 @@
-"""The two errors a data-prep run reports to its user (one line on stderr, exit 2), as opposed to bugs
-and system failures (a traceback, exit 1)."""
+"""The two errors a data-prep run reports to its user (one line on stderr, exit contract.INPUT_ERROR_EXIT),
+as opposed to bugs and system failures (a traceback, exit 1)."""
 
 from __future__ import annotations
 

@@ -11,13 +11,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..contract import INPUT_ERROR_EXIT
 from . import inputs
 from .cluster import ClusterError
 from .errors import DataPrepError
 
 
 def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None) -> int:
-    """`--config PATH` to `run`; its config and input errors as one line and exit 2, Ray's as one line and 1."""
+    """`--config PATH` to `run`; config and input errors: one line, INPUT_ERROR_EXIT; Ray's: one line, 1."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
@@ -25,7 +26,7 @@ def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] 
         return run(args.config)
     except DataPrepError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return INPUT_ERROR_EXIT
     except ClusterError as e:  # Ray could not be started or reached: not a traceback
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 1

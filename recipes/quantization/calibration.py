@@ -1,13 +1,18 @@
-"""Calibration and held-out token windows from JSONL: our SFT conversations (a `messages` list, contents
-joined by newlines) or plain documents (a `text` field). Plain, .gz or .zst JSONL, a file, a directory or a
-glob; documents are tokenized in file order, joined with the end-of-text token and cut into windows."""
+"""Calibration and held-out token windows, from JSONL or from the packed Parquet of `ultra3 data prep sft`.
+
+JSONL: our SFT conversations (a `messages` list, contents joined by newlines) or plain documents (a `text`
+field); plain, .gz or .zst, a file, a directory or a glob; documents are tokenized in file order, joined
+with the end-of-text token and cut into windows. A packed directory (with packing_metadata.json): its
+train split's token ids, already tokenized, in shard order."""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 
-from dataprep import inputs
-from dataprep.errors import DataPrepError
+from ..dataprep import inputs
+from ..dataprep.errors import DataPrepError
 
 from .errors import QuantizeError
 
@@ -35,7 +40,8 @@ def texts(path: str):
         except DataPrepError as e:
             raise QuantizeError(f"calibration.path: {e}") from None
         if fmt == inputs.PARQUET:
-            raise QuantizeError(f"calibration.path: {file} is Parquet; give JSONL (plain, .gz or .zst)")
+            raise QuantizeError(f"calibration.path: {file} is Parquet; give JSONL (plain, .gz or .zst) or the "
+                                "directory `ultra3 data prep sft` wrote")
         with inputs.open_binary(file, fmt) as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
@@ -50,17 +56,44 @@ def texts(path: str):
                 yield text
 
 
+PACKED_MARK = "packing_metadata.json"  # written last by `ultra3 data prep sft`
+
+
+def packed_ids(folder: str, vocab: int):
+    """The token ids of each pack of the train split, in shard order; ids the tokenizer does not have mean
+    the data was tokenized with another one."""
+    import pyarrow.parquet as pq
+
+    shards = sorted(glob.glob(os.path.join(folder, "train", "*.parquet")))
+    if not shards:
+        raise QuantizeError(f"calibration.path: {folder} has no train/*.parquet; give the output_dir of a "
+                            "completed `ultra3 data prep sft`")
+    for shard in shards:
+        for batch in pq.ParquetFile(shard).iter_batches(columns=["input_ids"]):
+            for pack in batch.column(0).to_pylist():
+                if pack and max(pack) >= vocab:
+                    raise QuantizeError(f"calibration.path: {shard} holds token id {max(pack)}, beyond the "
+                                        f"tokenizer's {vocab} ids; pack the data with the model's tokenizer")
+                yield pack
+
+
 def windows(path: str, tokenizer, samples: int, held_out: int, seq_length: int):
     """(calibration, held_out) LongTensors of shape [n, seq_length], disjoint, in data order."""
     import torch
 
     need = (samples + held_out) * seq_length
     ids: list[int] = []
-    eos = tokenizer.eos_token_id
-    for text in texts(path):
-        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
-        if len(ids) >= need:
-            break
+    if os.path.isfile(os.path.join(path, PACKED_MARK)):
+        for pack in packed_ids(path, len(tokenizer)):
+            ids += pack
+            if len(ids) >= need:
+                break
+    else:
+        eos = tokenizer.eos_token_id
+        for text in texts(path):
+            ids += tokenizer(text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+            if len(ids) >= need:
+                break
     if len(ids) < need:
         raise QuantizeError(f"calibration.path: {path} holds {len(ids):,} tokens, fewer than the {need:,} needed "
                             f"for {samples} + {held_out} windows of {seq_length}; add data or lower "

@@ -64,7 +64,7 @@ def reference_model(train: dict, code_dir: str, dest: str) -> str:
     if hf_model:
         local = os.path.join(code_dir, os.path.expanduser(hf_model))
         return local if os.path.isdir(local) else hf_model
-    from training.hf_config import hf_config
+    from ..training.hf_config import hf_config
     from transformers import AutoTokenizer
 
     tokenizer = (train.get("tokenizer") or {}).get("tokenizer_model")

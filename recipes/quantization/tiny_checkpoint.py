@@ -15,7 +15,7 @@ def hf_config(model: dict):
     builds the same model from."""
     from transformers import NemotronHConfig
 
-    from training.hf_config import hf_config as config_json
+    from ..training.hf_config import hf_config as config_json
 
     return NemotronHConfig(**{"chunk_size": 64, **config_json(model), "dtype": "bfloat16"})
 

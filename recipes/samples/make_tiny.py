@@ -1,6 +1,6 @@
 """Generate the tiny sample corpora and tokenizer used by the `tiny` data-prep config and the tests.
 
-    python recipes/samples/make_tiny.py [--out recipes/samples/tiny]
+    python -m recipes.samples.make_tiny [--out recipes/samples/tiny]
 
 Everything is generated here, deterministically (seeded), from word lists and sentence patterns written
 for this file, so the output is free of third-party text and the same on every machine:

@@ -1,6 +1,6 @@
 """Generate the tiny SFT sample used by the `tiny` SFT data-prep config and the tests.
 
-    python recipes/samples/make_tiny_sft.py [--out recipes/samples/tiny] [--conversations 1500]
+    python -m recipes.samples.make_tiny_sft [--out recipes/samples/tiny] [--conversations 1500]
 
 Writes `sft.jsonl.gz`: one `{"id", "messages": [{"role", "content"}, ...]}` conversation per line
 (some with `tools`, `reasoning_content` and `tool_calls`), generated deterministically (seeded) from the
@@ -22,14 +22,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
+import random
 from collections.abc import Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import random
-
-from make_tiny import FIELDS, NAMES, NOUNS, PLACES, sentence, story, write_jsonl_gz
+from .make_tiny import FIELDS, NAMES, NOUNS, PLACES, sentence, story, write_jsonl_gz
 
 SYSTEM_PROMPTS = [
     "You are a helpful assistant.",

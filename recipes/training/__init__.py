@@ -1,4 +1,4 @@
-"""The training runtime shared by recipes/pretrain.py and recipes/sft.py (inside the training container).
+"""The training runtime shared by recipes.pretrain and recipes.sft (inside the training container).
 
 * plan       pure Python: our resolved job config -> what Megatron-Bridge is given (the recipe function,
              the model source, the dataset wiring, the override dotlist for its own override helper)

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract import pad_seq_to_mult
+
 ULTRA = "megatron.bridge.recipes.nemotronh.h100.nemotron_3_ultra"
 RECIPES = {"pretrain": f"{ULTRA}.nemotron_3_ultra_pretrain_24gpu_h100_bf16_config",
            "sft": f"{ULTRA}.nemotron_3_ultra_sft_192gpu_h100_bf16_openmathinstruct2_packed_config"}
@@ -82,13 +84,13 @@ def sft_dataset(cfg: dict) -> Build:
                                    "num_dataset_builder_threads": 1, "blend": None, "blend_per_split": None,
                                    "split": "1,1,1", "dataloader_type": "single"})
     root = dataset["packed_dir"]
-    cp = model.get("context_parallel_size") or 1
+    tp, cp = model.get("tensor_model_parallel_size") or 1, model.get("context_parallel_size") or 1
     specs = Build(PACKING_SPECS, {
         "packed_sequence_size": seq_length,
         "packed_train_data_path": os.path.join(root, "train"),
         "packed_val_data_path": os.path.join(root, "valid"),
         "packed_metadata_path": os.path.join(root, "packing_metadata.json"),
-        "pad_seq_to_mult": 2 * cp if cp > 1 else 1,
+        "pad_seq_to_mult": pad_seq_to_mult(tp, cp, bool(model.get("sequence_parallel"))),
     })
     return Build(SFT_DATASET, {"seq_length": seq_length, "dataset_root": root, "enable_offline_packing": True,
                                "offline_packing_specs": specs, "do_test": False})

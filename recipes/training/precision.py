@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract import trains_nvfp4
+
 ULTRA_PRESET = "nemotron_3_ultra_bf16_with_nvfp4_mixed"
 NVFP4_PRESET = "bf16_with_nvfp4_mixed"
 # What Megatron-Bridge 0.6.2's Ultra preset sets on top of bf16_with_nvfp4_mixed ("last 15% of layers in BF16")
@@ -29,7 +31,6 @@ MODEL_FIELDS = ("first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_la
                 "fp8", "fp8_recipe")
 DDP_FIELDS = ("grad_reduce_in_fp32", "fp4_param_gather")  # the preset's setup() copies its own over ddp.*
 TE_ENV_PREFIX = "NVTE_NVFP4_"
-NVFP4_MIN_CAPABILITY = (10, 0)  # Transformer Engine trains NVFP4 on Blackwell only
 # Megatron-Core's per-module recipe: a TEQuantizationParams config whose training recipe names no FP8/FP4 recipe
 # runs its modules in BF16, also inside a layer's NVFP4 autocast.
 BF16_CONFIG = {"bf16": {"transformer_engine_config_type": "TEQuantizationParams", "training_recipe": {}}}
@@ -74,10 +75,10 @@ def decide(cfg: dict, presets: set[str], capability: tuple[int, int] | None) -> 
     and the GPU's compute capability (None when unknown)."""
     name = cfg.get("mixed_precision") or "bf16_mixed"  # the Ultra recipes' own
     nvfp4 = "nvfp4" in name.lower()
-    if nvfp4 and capability is not None and tuple(capability) < NVFP4_MIN_CAPABILITY:
+    if nvfp4 and capability is not None and not trains_nvfp4(capability):
         raise PrecisionError(
-            f"mixed_precision={name} trains in NVFP4, which Transformer Engine runs on SM 10.0+ (Blackwell) only, but "
-            f"this GPU is SM {capability[0]}.{capability[1]}; set mixed_precision=bf16_mixed (BF16) or "
+            f"mixed_precision={name} trains in NVFP4, which Transformer Engine runs on SM 10.0/10.3 (Blackwell) "
+            f"only, but this GPU is SM {capability[0]}.{capability[1]}; set mixed_precision=bf16_mixed (BF16) or "
             "bf16_with_fp8_current_scaling_mixed (FP8)")
     composed = name == ULTRA_PRESET and name not in presets
     if name not in presets and not composed:

@@ -114,18 +114,60 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
 
 @_with_shared_options
 def _group_callback(ctx: typer.Context, **options) -> None:
-    """Nemotron 3 Ultra training recipe: pretrain, sft, data prep and quantize stages.
+    """Nemotron 3 Ultra training recipe: pretrain, sft, data prep and quantize stages, and pipes of them.
 
     \b
     Examples:
       ultra3 pretrain -c tiny --dry-run
       ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/blend.json
       ultra3 sft -c tiny --run mycluster
+      ultra3 pipe -c tiny --dry-run
       nemotron jobs list
     """
     root = ctx.find_root()
     root.obj = root.obj or {}
     root.obj["options"] = options
+
+
+PIPE_EXAMPLES = (
+    "ultra3 pipe -c tiny --dry-run",
+    "ultra3 pipe --batch mycluster",
+    "ultra3 pipe -c tiny --run mycluster pretrain.train.train_iters=20",
+    "ultra3 pipe --batch mycluster --from sft --force",
+)
+
+
+class PipeCommand(TyperCommand):
+    @property
+    def epilog(self) -> str:  # type: ignore[override]
+        from .paths import config_names
+
+        return "\n".join(["\b", f"Pipes (-c): {', '.join(config_names('pipe'))}",
+                          "Overrides: STEP.key=value, e.g. pretrain.train.train_iters=20", "", "\b", "Examples:",
+                          *(f"  {e}" for e in PIPE_EXAMPLES)])
+
+    @epilog.setter
+    def epilog(self, _value: str | None) -> None:
+        pass
+
+
+@_with_shared_options
+def _pipe_command(
+    ctx: typer.Context,
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="[STEP.KEY=VALUE]...", show_default=False),
+    start: Optional[str] = typer.Option(None, "--from", metavar="STEP", help="Start at this step; earlier "
+                                        "steps' outputs come from their completed runs."),
+    stop: Optional[str] = typer.Option(None, "--to", metavar="STEP", help="Stop after this step."),
+    force: bool = typer.Option(False, "--force", help="Re-run steps that already completed with this config."),
+    **options,
+) -> None:
+    """Run stages as one chain, each input wired to an earlier stage's output (Slurm: afterok)."""
+    from .pipe import PipeOptions, run_pipe
+
+    given = _merge_group_options(ctx, options)
+    run_pipe(PipeOptions(config=given["config"] or "default", run=given["run"], batch=given["batch"],
+                         dry_run=given["dry_run"], env_file=given["env_file"], start=start, stop=stop, force=force,
+                         overrides=list(overrides or [])))
 
 
 def build_ultra3() -> typer.Typer:
@@ -141,11 +183,12 @@ def build_ultra3() -> typer.Typer:
                 groups[prefix] = sub
         cls = type(f"{stage.slug}Command", (StageCommand,), {"stage": stage})
         groups[stage.words[:-1]].command(stage.words[-1], cls=cls, context_settings=HELP)(_stage_command(stage))
+    app.command("pipe", cls=PipeCommand, context_settings=HELP)(_pipe_command)
     return app
 
 
 def build_jobs() -> typer.Typer:
-    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel.")
+    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, lineage.")
 
     @app.command("list")
     def list_(limit: int = typer.Option(20, "-n", "--limit", help="How many of the newest jobs.")) -> None:
@@ -155,8 +198,8 @@ def build_jobs() -> typer.Typer:
         list_jobs(limit)
 
     @app.command()
-    def status(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
-        """Show one job: state, exit code, reason, paths."""
+    def status(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
+        """Show one job (state, exit code, reason, paths) or every step of a pipe."""
         from .jobs_cli import show_status
 
         show_status(job)
@@ -170,11 +213,18 @@ def build_jobs() -> typer.Typer:
         show_logs(job, follow)
 
     @app.command()
-    def cancel(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
-        """Cancel a pending or running job."""
+    def cancel(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
+        """Cancel a pending or running job, or every step of a pipe not yet ended."""
         from .jobs_cli import cancel_job
 
         cancel_job(job)
+
+    @app.command()
+    def lineage(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
+        """The jobs and artifacts that led to a job's outputs."""
+        from .jobs_cli import show_lineage
+
+        show_lineage(job)
 
     return app
 

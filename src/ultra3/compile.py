@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from . import artifacts, executors
 from . import schema as schemas
+from .artifacts import Source
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .errors import InvalidConfig
 from .findings import Report
 from .gpus import visible_gpu_count
-from .paths import nemorun_home
 from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
 from .stages import Stage
@@ -35,6 +36,10 @@ class Options:
     dry_run: bool = False
     env_file: str | None = None
     overrides: list[str] = field(default_factory=list)
+    pipe_layer: Layer | None = None  # a pipe's overrides of this stage: above the profile, below the command line
+    # inputs a pipe wires to its earlier stages' outputs: above the stage config and the profile, below
+    # what the pipe config or the command line set; not where the input's `unless` key is true
+    wired: dict[str, Source] = field(default_factory=dict)
 
     @property
     def mode(self) -> Mode:
@@ -57,6 +62,11 @@ class Job:
     base_sources: set[str]  # the layers of the stage's own defaults (not shown as "changed")
     report: Report
     flat: dict[str, Any] = field(repr=False)  # merged values before interpolation
+    sources: list[Source | None] = field(default_factory=list)  # per stage input: its value's origin
+
+    @property
+    def digest(self) -> str:
+        return self.config["job"]["digest"]
 
     @property
     def mode(self) -> Mode:
@@ -65,10 +75,16 @@ class Job:
     def with_job(self, job: dict[str, str]) -> dict[str, Any]:
         """The config the job receives: `job.*` (id, dir, ...) filled in and interpolations resolved."""
         flat = {**self.flat, **{f"job.{k}": v for k, v in job.items()}}
-        if "dir" in job:  # <root>/<stage slug>/<job id> -> <root>/outputs/...
-            root = str(PurePosixPath(job["dir"]).parent.parent)
-            flat["job.outputs"] = flat["job.outputs"].replace(OUTPUTS_PLACEHOLDER, f"{root}/outputs", 1)
+        if "dir" in job:
+            flat["job.outputs"] = self.placed(flat["job.outputs"], job["dir"])
         return resolve(unflatten(flat))
+
+    @staticmethod
+    def placed(value: str, job_dir: str) -> str:
+        """A compiled value with the job's directories in place of their placeholders: job.dir, and
+        job.outputs (<root>/<stage slug>/<job id> -> <root>/outputs/...)."""
+        root = str(PurePosixPath(job_dir).parent.parent)
+        return value.replace(OUTPUTS_PLACEHOLDER, f"{root}/outputs").replace(JOB_DIR_PLACEHOLDER, job_dir)
 
 
 def compile_job(stage: Stage, options: Options) -> Job:
@@ -85,10 +101,12 @@ def compile_job(stage: Stage, options: Options) -> Job:
     if profile:
         layers.append(Layer(profile.source, {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v
                                              for k, v in flatten(profile.values).items()}))
-    cli = parse_overrides(options.overrides)
-    layers.append(cli)
+    if options.pipe_layer:
+        layers.append(options.pipe_layer)
+    layers.append(parse_overrides(options.overrides))
 
     flat, origin = merge(layers)
+    _wire(stage, options, flat, origin)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
         del flat[key]
@@ -96,11 +114,10 @@ def compile_job(stage: Stage, options: Options) -> Job:
         if section in flat and flat[section] != {}:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
     _job_shape(stage, executor, flat, origin, report)
-    if prepare := stage.prepare_values():
-        prepare(flat, origin, report)
-    flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": stage.recipe,
+    flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": f"recipes.{stage.recipe}",
                  "job.executor": executor, "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
-                 "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}"})
+                 "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
+                 "job.profile": profile.name if profile else None, "job.checks": list(stage.checks)})
     tree = unflatten(flat)
 
     # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
@@ -118,22 +135,52 @@ def compile_job(stage: Stage, options: Options) -> Job:
     config.setdefault("cluster", {})
     for key, value in settle_precision(config, origin, report).items():  # TE env vars, FP32 grad reduction
         flat[key] = value
-        _put(config, key, value)
-    _check_executor(stage, executor, profile, config["run"], report)
+        artifacts.put(config, key, value)
+    executors.executor(executor).check(stage, config["run"], profile, report)
+    job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
+    _settle_inputs(job)
     if validator := stage.validate():
         validator(config, report)
     if report.errors:
         raise InvalidConfig(report.errors)
-    return Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
+    return job
 
 
-def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        if not isinstance(tree.get(part), dict):
-            tree[part] = {}
-        tree = tree[part]
-    tree[last] = value
+def _wire(stage: Stage, options: Options, flat: dict[str, Any], origin: dict[str, str]) -> None:
+    explicit = {CLI_SOURCE, options.pipe_layer.source if options.pipe_layer else None}
+    for inp in stage.inputs:
+        src = options.wired.get(inp.key)
+        if src and origin.get(inp.key) not in explicit and not (inp.unless and flat.get(inp.unless)):
+            flat[inp.key], origin[inp.key] = src.path, src.how
+
+
+def _settle_inputs(job: Job) -> None:
+    """The stage's inputs from the artifact store (or the pipe's wiring), its declared outputs, its config
+    digest and store: in `job.*`, for the dry run, the in-job preflight and the manifests it publishes."""
+    profile = job.profile.name if job.profile else None
+    store = artifact_store(job)
+    job.sources = artifacts.settle(job.stage, job.config, job.origin, profile, store, job.options.wired, job.report)
+    for inp, src in zip(job.stage.inputs, job.sources):
+        if src:
+            job.flat[inp.key] = src.path
+    artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report)
+    produced = artifacts.produces(job.stage, job.config)
+    settled = {"inputs": artifacts.job_inputs(job.stage, job.config, job.sources, profile),
+               "digest": artifacts.digest(job.config, job.stage, job.sources), "artifacts_root": store.root}
+    for key, value in settled.items():
+        job.flat[f"job.{key}"] = value
+        job.config["job"][key] = value
+    job.flat["job.produces"] = produced  # paths interpolated when the job dir is known (with_job)
+    job.config["job"]["produces"] = [{**o, "path": artifacts.interpolate(o["path"], job.config)} for o in produced]
+
+
+def artifact_store(job: Job) -> artifacts.Store:
+    """The profile's store: env.toml's [artifacts] manifest.root, else beside the job dirs."""
+    root = (job.profile.artifacts_root if job.profile else None) or \
+        executors.executor(job.executor).artifacts_root(job)
+    run = job.config["run"]
+    ssh = {k: run.get(k) for k in ("host", "user", "port", "identity")} if run.get("host") else None
+    return artifacts.Store(root, ssh)
 
 
 def _set_by_user(key: str, origin: dict[str, str]) -> bool:
@@ -143,7 +190,8 @@ def _set_by_user(key: str, origin: dict[str, str]) -> bool:
 def _job_shape(stage: Stage, executor: str, flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
     """The job's GPUs per node (run.gpus_per_node) against what the machines have (cluster.*): on this
     machine those are the visible GPUs; a stage config without a count takes the cluster's."""
-    if executor == "local" and flat.get("cluster.gpus_per_node") is None:
+    here = executors.executor(executor).runs_here
+    if here and flat.get("cluster.gpus_per_node") is None:
         flat["cluster.gpus_per_node"] = visible_gpu_count()
         origin["cluster.gpus_per_node"] = THIS_MACHINE
     have = flat.get("cluster.gpus_per_node")
@@ -153,49 +201,13 @@ def _job_shape(stage: Stage, executor: str, flat: dict[str, Any], origin: dict[s
     wanted = flat.get("run.gpus_per_node")
     if stage.launch != "torchrun" or not isinstance(wanted, int) or not isinstance(have, int) or wanted <= have:
         return
-    if have == 0 and executor == "local":
+    if have == 0 and here:
         report.warn("run.gpus_per_node", f"no GPU visible on {THIS_MACHINE}; the checks assume the config's {wanted} "
                                          "GPU(s), and the job's preflight will stop without them")
     else:
         report.error("run.gpus_per_node", f"the job wants {wanted} GPUs per node but the nodes have {have} "
                                           f"(cluster.gpus_per_node, from {origin['cluster.gpus_per_node']}); set "
                                           f"run.gpus_per_node={have} and scale run.nodes, or pick another profile")
-
-
-def _check_executor(stage: Stage, executor: str, profile: Profile | None, run: dict[str, Any], report: Report) -> None:
-    nodes = run.get("nodes") or 1
-    if executor == "local":
-        if nodes > 1:
-            report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "
-                                      "with --run/--batch PROFILE, or set run.nodes=1 (as -c tiny does)")
-        return
-    if executor == "ray":
-        if stage.launch != "ray":
-            report.error("job.executor", f"the ray executor runs Ray stages (data prep); submit `{stage.name}` "
-                                         "with a slurm profile or on this machine")
-        if not run.get("address"):
-            report.error("run.address", f"the ray executor needs the cluster's Jobs API address (e.g. "
-                                        f"http://head:8265); set address in {_profile_at(profile)}")
-        return
-    if not run.get("account"):
-        report.error("run.account", f"the slurm executor needs an account; set account in {_profile_at(profile)} "
-                                    "or run.account=NAME")
-    root = run.get("job_dir") or ("" if run.get("host") else str(nemorun_home()))
-    if "/nemo_run" in root and not run.get("container_image"):
-        key = "run.job_dir" if run.get("job_dir") else "NEMORUN_HOME"
-        report.error(key, f"{root} contains '/nemo_run', which NeMo-Run rewrites in container-less job scripts; "
-                          "choose a directory without it")
-    if run.get("host"):
-        for key in ("user", "job_dir"):
-            if not run.get(key):
-                report.error(f"run.{key}", f"submitting through SSH (host={run['host']}) needs {key}; "
-                                           f"set it in {_profile_at(profile)}")
-    if run.get("mounts") and not run.get("container_image"):
-        report.warn("run.mounts", "mounts apply inside a container only; set container_image or remove them")
-
-
-def _profile_at(profile: Profile | None) -> str:
-    return f"{profile.file.name} [{profile.name}]" if profile else "the profile"
 
 
 _ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")

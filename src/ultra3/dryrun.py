@@ -7,9 +7,11 @@ from typing import Any, TextIO
 
 import yaml
 
-from .compile import JOB_DIR_PLACEHOLDER, Job, changed_keys
-from .launch.plan import job_command, local_command, slurm_spec, task_name
-from .launch.sbatch import render_sbatch
+from . import cost
+from .artifacts import source_line
+
+from .compile import Job, changed_keys
+from .executors import executor
 from .profiles import SECRET_NAME
 
 MASK = "******"
@@ -46,6 +48,16 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
         value = MASK if SECRET_NAME.search(key) else flat.get(key)
         out.write(f"{key:<{width}} = {_inline(value)}  <- {changed[key]}\n")
 
+    _section(out, "inputs and outputs (artifacts)")
+    for inp, src in zip(job.stage.inputs, job.sources):
+        if src:
+            out.write(source_line(inp.key, src) + "\n")
+        else:
+            why = f"{inp.unless} is set" if inp.unless and job.flat.get(inp.unless) else "optional, unset"
+            out.write(f"{inp.key}: not needed ({why})\n")
+    for made in job.config["job"]["produces"]:
+        out.write(f"produces {made['name']} ({made['kind']}) at {made['path']}\n")
+
     _section(out, "compiled config")
     config = {"run": job.config["run"], **{k: v for k, v in job.config.items() if k != "run"}}
     out.write(yaml.safe_dump(mask(config), sort_keys=False))
@@ -62,17 +74,14 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
         for label, value in rows:
             out.write(f"{label:<{label_width}}  {value}\n")
 
-    if job.executor == "slurm":
-        spec = slurm_spec(job, job_dir=JOB_DIR_PLACEHOLDER)
-        _section(out, "sbatch script (as NeMo-Run submits it)")
-        out.write(render_sbatch(spec) + "\n")
-    elif job.executor == "ray":
-        _section(out, f"Ray job (Jobs API at {run['address']})")
-        out.write(f"entrypoint:  {' '.join(job_command())}\nworking_dir: {JOB_DIR_PLACEHOLDER}/{task_name(job)}/code\n"
-                  f"env_vars:    {_inline(mask(run.get('env') or {}))}\n")
-    else:
-        _section(out, "local command")
-        out.write(" ".join(local_command(job)) + "\n")
+    if estimate := cost.estimate(job):
+        _section(out, "estimated cost")
+        out.write(cost.format_line(estimate) + "\n")
+
+    where = executor(job.executor)
+    if shown := where.render(job, None):
+        _section(out, where.shown_as)
+        out.write(f"{shown}\n")
     out.write("\nDry run: nothing was written or submitted.\n")
 
 

@@ -6,6 +6,8 @@ import glob
 import os
 from dataclasses import dataclass
 
+from .contract import trains_nvfp4
+
 
 @dataclass(frozen=True)
 class GpuType:
@@ -16,8 +18,7 @@ class GpuType:
 
     @property
     def supports_nvfp4(self) -> bool:
-        # Transformer Engine trains in NVFP4 on SM 10.0 and 10.3 only (B200/GB200, B300/GB300).
-        return self.compute_capability in ((10, 0), (10, 3))
+        return trains_nvfp4(self.compute_capability)
 
 
 GPU_TYPES: dict[str, GpuType] = {

@@ -1,11 +1,11 @@
-"""`nemotron jobs list | status | logs | cancel`."""
+"""`nemotron jobs list | status | logs | cancel | lineage`; status and cancel also take a pipe id."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from . import jobs
+from . import jobs, records
 
 
 def _age(ts: float) -> str:
@@ -14,30 +14,32 @@ def _age(ts: float) -> str:
 
 
 def list_jobs(limit: int) -> None:
-    records = jobs.all_records()[:limit]
-    if not records:
-        print(f"no jobs yet (registry: {jobs.registry_dir()})")
+    shown = records.all_records()[:limit]
+    if not shown:
+        print(f"no jobs yet (registry: {records.registry_dir()})")
         return
-    states = jobs.states(records)
+    states = jobs.states(shown)
     rows = [("JOB", "STAGE", "CONFIG", "WHERE", "SLURM", "STATE", "AGE")]
-    for r in records:
-        st = states.get(r.id, jobs.State("UNKNOWN"))
+    for r in shown:
+        st = states.get(r.id, records.State("UNKNOWN"))
         where = r.profile or "local"
         stage = r.stage.replace(" ", "-")  # one word per column
-        rows.append((r.id, stage, r.config, where, r.slurm_id or "-", st.state, _age(r.submitted)))
+        rows.append((r.id, stage, r.config, where, r.slurm_id or "-", st.label, _age(r.submitted)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 def show_status(ref: str) -> None:
-    r = jobs.find(ref)
+    if pipe := _pipe(ref):
+        return _pipe_status(pipe)
+    r = records.find(ref)
     st = jobs.state(r)
     print(f"job:       {r.id}")
     print(f"stage:     {r.stage} (config {r.config}, {r.profile or 'local'}, {r.mode})")
-    print(f"state:     {st.state}{f' (exit code {st.exit_code})' if st.exit_code is not None else ''}"
+    print(f"state:     {st.label}{f' (exit code {st.exit_code})' if st.exit_code is not None else ''}"
           f"{f' [{st.source}]' if st.source else ''}")
-    if st.reason:
+    if st.reason and not st.upstream:
         print(f"reason:    {st.reason}")
     if r.slurm_id:
         print(f"slurm id:  {r.slurm_id}")
@@ -47,7 +49,7 @@ def show_status(ref: str) -> None:
 
 
 def show_logs(ref: str, follow: bool) -> None:
-    r = jobs.find(ref)
+    r = records.find(ref)
     if follow:
         jobs.follow(r, sys.stdout)
     else:
@@ -55,10 +57,39 @@ def show_logs(ref: str, follow: bool) -> None:
 
 
 def cancel_job(ref: str) -> None:
-    r = jobs.find(ref)
+    if pipe := _pipe(ref):
+        for step in pipe["steps"]:
+            print(f"{step['id']}: ", end="")
+            cancel_job(step["job"])
+        return
+    r = records.find(ref)
     before = jobs.state(r)
     if before.done:
         print(f"{r.id} already ended: {before.state}")
         return
     jobs.cancel(r)
     print(f"cancelled {r.id}{f' (Slurm job {r.slurm_id})' if r.slurm_id else ''}")
+
+
+def _pipe(ref: str) -> dict | None:
+    if not ref.startswith("pipe-"):
+        return None
+    from .pipe import find_pipe
+
+    return find_pipe(ref)
+
+
+def _pipe_status(pipe: dict) -> None:
+    steps = [(step, records.find(step["job"])) for step in pipe["steps"]]
+    states = jobs.states([r for _, r in steps])
+    print(f"pipe:      {pipe['id']} ({pipe['config']})")
+    width = max(len(step["id"]) for step, _ in steps)
+    for step, r in steps:
+        st = states.get(r.id, records.State("UNKNOWN"))
+        print(f"  {step['id']:<{width}}  {r.id}  {st.label}")
+
+
+def show_lineage(ref: str) -> None:
+    from .lineage import print_lineage
+
+    print_lineage(records.find(ref))

@@ -1,6 +1,7 @@
 """env.toml profiles: discovery, `extends` inheritance and a per-executor schema.
 
-Every top-level table is a profile. A profile names its `executor`, describes the machines (`gpu`,
+Every top-level table is a profile, except the settings tables NVIDIA's CLI reserves: [artifacts]
+(`manifest.root`: the artifact store of every profile in the file), [wandb], [cli] and [cache]. A profile names its `executor`, describes the machines (`gpu`,
 `gpus_per_node`, `nvlink_domain_size`: the `cluster.*` keys) and sets `run.*` keys of the stage config
 (account, partition, container_image, mounts, env, time, setup, ...).
 """
@@ -22,6 +23,7 @@ ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
 # TOKEN but not TOKENIZER(S_PARALLELISM): the tokenizer is a model name, not a secret
 SECRET_FIX = ("export {name} where you submit from (for SSH profiles: in the login node's environment); "
               "the job inherits it from the environment")
+RESERVED = ("artifacts", "wandb", "cli", "cache")  # settings tables, not profiles
 SECRET_NAME = re.compile(r"TOKEN(?!IZ)|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
 
 
@@ -31,6 +33,7 @@ class Profile:
     executor: str
     values: dict[str, Any]  # run.* keys, without `executor` and `extends`
     file: Path
+    artifacts_root: str | None = None  # [artifacts] manifest.root of its env.toml
 
     @property
     def source(self) -> str:
@@ -72,7 +75,7 @@ def profile_names(explicit: str | None = None) -> tuple[Path | None, list[str]]:
     """For --help: never raises."""
     try:
         path = find_env_file(explicit)
-        return path, sorted(read_env_file(path)) if path else []
+        return path, sorted(n for n in read_env_file(path) if n not in RESERVED) if path else []
     except UserError:
         return None, []
 
@@ -83,6 +86,9 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
         raise UserError(f"{flag} {name}: no env.toml found (looked in --env-file, ${ENV_FILE_VAR}, and from the "
                         "current directory upwards); copy env.toml.example to ./env.toml")
     profiles = read_env_file(path)
+    if name in RESERVED:
+        raise UserError(f"{flag} {name}: [{name}] in {path} is a settings table, not a profile; name a profile "
+                        f"(profiles: {', '.join(sorted(n for n in profiles if n not in RESERVED)) or 'none'})")
     values = _inherit(name, profiles, path, flag, ())
     executor = values.pop("executor", None)
     if executor not in EXECUTORS:
@@ -97,7 +103,18 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
     if report.errors:
         where = f"{path.name} [{name}]"
         raise InvalidConfig([Finding("error", f"{where} {f.key}", f.message) for f in report.errors])
-    return Profile(name, executor, values, path)
+    return Profile(name, executor, values, path, artifacts_root(profiles, path))
+
+
+def artifacts_root(tables: dict[str, Any], path: Path) -> str | None:
+    """[artifacts] manifest.root (`[artifacts.manifest] root = ...`, or a dotted `manifest.root` key)."""
+    table = tables.get("artifacts") or {}
+    manifest = table.get("manifest")
+    root = manifest.get("root") if isinstance(manifest, dict) else table.get("manifest.root")
+    if root is not None and (not isinstance(root, str) or not root.strip() or "://" in root):
+        raise UserError(f"{path} [artifacts] manifest.root: {root!r} is not a directory path; give an absolute "
+                        "path on the cluster's shared file system")
+    return os.path.expanduser(root) if root else None
 
 
 def check_run_keys(values: dict[str, Any], executor: str, report: Report, origin: dict[str, str],
@@ -121,7 +138,7 @@ def _inherit(name: str, profiles: dict, path: Path, flag: str, chain: tuple[str,
         raise UserError(f"{path}: circular extends: {' -> '.join((*chain, name))}")
     if name not in profiles:
         where = f"[{chain[-1]}] extends" if chain else flag
-        known = ", ".join(sorted(profiles)) or "none"
+        known = ", ".join(sorted(n for n in profiles if n not in RESERVED)) or "none"
         hint = suggest(name, list(profiles))
         hint = f"; {hint}" if hint.startswith("did you mean") else ""
         raise UserError(f"{where} '{name}': no such profile in {path} (profiles: {known}){hint}")

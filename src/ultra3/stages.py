@@ -1,5 +1,7 @@
-"""The stage registry: one entry per `ultra3 <stage>` command. It drives the CLI, validation and
-launch; a new stage is a config dir, a runtime recipe and an entry here."""
+"""The stage registry: one entry per `ultra3 <stage>` command, the whole truth about a stage: its
+config, runtime, launch kind, resources, preflight checks, the artifacts it consumes and produces, and
+its cost model. It drives the CLI, validation, artifact resolution, pipes and launch; a new stage is a
+config dir, a runtime module and an entry here."""
 
 from __future__ import annotations
 
@@ -31,18 +33,47 @@ DATA_PREP_FLAGS = (
 
 
 @dataclass(frozen=True)
+class Input:
+    """An artifact the stage consumes, filling one config key. Unset, it resolves to the newest artifact of
+    one of `kinds` (in order) for the same profile; `unless` names a config key that, when true, makes
+    the input unnecessary (mock data, a checkpoint the job makes itself, a resumed run)."""
+
+    name: str
+    key: str
+    kinds: tuple[str, ...]
+    required: bool = True
+    unless: str | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    """An artifact the stage produces: `key` holds the directory it writes, `file` is the artifact within
+    it ("" for the directory itself). Nothing is produced when the key is unset (e.g. checkpoint.save)."""
+
+    kind: str
+    key: str
+    file: str = ""
+
+
+TRAINING_CHECKS = ("python_version", "training_packages", "gpus", "inputs")
+DATA_PREP_CHECKS = ("python_version", "data_prep_packages", "data_prep_inputs")
+
+
+@dataclass(frozen=True)
 class Stage:
     words: tuple[str, ...]  # the command path under `ultra3`, e.g. ("data", "prep", "sft")
     summary: str
     config_dir: str  # under configs/
-    recipe: str  # the runtime script under recipes/, run inside the job
+    recipe: str  # the runtime module under recipes/ (`python -m recipes.<recipe>`), run inside the job
     launch: Launch  # torchrun over the GPUs of each node (one rank: the script itself), or a Ray cluster
     schema: dict  # the typed schema of its config (ultra3.schema)
     validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
-    # dotted path of a `(flat, origin, report) -> None` that fills in values before interpolation
-    prepare: str | None = None
     examples: tuple[str, ...] = ()
     flags: tuple[Flag, ...] = ()  # options of this stage only
+    inputs: tuple[Input, ...] = ()
+    outputs: tuple[Output, ...] = ()
+    checks: tuple[str, ...] = TRAINING_CHECKS  # recipes/preflight.py checks, by name, run first in the job
+    cost: str | None = None  # dotted path of the `(config, measured) -> cost.Estimate` model of its work
 
     @property
     def name(self) -> str:
@@ -55,8 +86,8 @@ class Stage:
     def validate(self) -> Callable | None:
         return _load(self.validator)
 
-    def prepare_values(self) -> Callable | None:
-        return _load(self.prepare)
+    def cost_model(self) -> Callable | None:
+        return _load(self.cost)
 
 
 def _load(dotted: str | None) -> Callable | None:
@@ -71,7 +102,10 @@ def _load(dotted: str | None) -> Callable | None:
 STAGES: tuple[Stage, ...] = (
     Stage(
         ("pretrain",), "Pretrain Nemotron 3 Ultra with Megatron-Bridge (NVFP4 by default).",
-        "pretrain", "pretrain.py", "torchrun", TRAINING, "ultra3.validation.validate_training",
+        "pretrain", "pretrain", "torchrun", TRAINING, "ultra3.validation.validate_training",
+        inputs=(Input("data", "dataset.blend_path", ("pretrain-data",), unless="dataset.mock"),),
+        outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
+        cost="ultra3.cost.training",
         examples=(
             "ultra3 pretrain -c tiny --dry-run",
             "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json",
@@ -80,8 +114,11 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.",
-        "sft", "sft.py", "torchrun", TRAINING, "ultra3.validation.validate_training",
-        prepare="ultra3.training_inputs.fill_pretrained",
+        "sft", "sft", "torchrun", TRAINING, "ultra3.validation.validate_training",
+        inputs=(Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), unless="checkpoint.load"),
+                Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),
+        outputs=(Output("sft-checkpoint", "checkpoint.save"),),
+        cost="ultra3.cost.training",
         examples=(
             "ultra3 sft -c tiny --dry-run",
             "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
@@ -89,26 +126,44 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         ("data", "prep", "pretrain"), "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
-        "data_prep/pretrain", "data_prep_pretrain.py", "ray", DATA_PREP_PRETRAIN,
+        "data_prep/pretrain", "data_prep_pretrain", "ray", DATA_PREP_PRETRAIN,
         "ultra3.validation.data_prep.validate_data_prep",
+        outputs=(Output("pretrain-data", "output_dir", "blend.json"),),
+        checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep",
         examples=("ultra3 data prep pretrain -c tiny", "ultra3 data prep pretrain -c tiny --sample 100",
                   "ultra3 data prep pretrain --batch mycluster output_dir=/lustre/data/phase1"),
         flags=DATA_PREP_FLAGS,
     ),
     Stage(
         ("data", "prep", "sft"), "Render, mask and pack SFT conversations into Parquet on Ray.",
-        "data_prep/sft", "data_prep_sft.py", "ray", DATA_PREP_SFT,
+        "data_prep/sft", "data_prep_sft", "ray", DATA_PREP_SFT,
         "ultra3.validation.data_prep.validate_data_prep",
+        outputs=(Output("sft-data", "output_dir"),),
+        checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep",
         examples=("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
                   "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft"),
         flags=DATA_PREP_FLAGS,
     ),
     Stage(
         ("quantize",), "NVFP4 post-training quantization with ModelOpt into a Hugging Face checkpoint.",
-        "quantize", "quantize.py", "torchrun", QUANTIZE, "ultra3.validation.quantize.validate_quantize",
-        prepare="ultra3.training_inputs.fill_bf16_checkpoint",
+        "quantize", "quantize", "torchrun", QUANTIZE, "ultra3.validation.quantize.validate_quantize",
+        inputs=(Input("checkpoint", "bf16_checkpoint", ("sft-checkpoint", "pretrain-checkpoint"),
+                      unless="make_checkpoint"),
+                Input("calibration", "calibration.path", ("sft-data",), required=False)),
+        outputs=(Output("quantized-checkpoint", "output_dir"),),
+        checks=("python_version", "quantize_packages", "gpus", "inputs"), cost="ultra3.cost.quantize",
         examples=("ultra3 quantize -c tiny", "ultra3 quantize -c tiny --dry-run",
                   "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 output_dir=/lustre/ckpt/ultra-nvfp4",
                   "ultra3 quantize --batch mycluster bf16_checkpoint=null output_dir=/lustre/ckpt/ultra-nvfp4"),
     ),
 )
+
+
+def producers(kind: str) -> list[Stage]:
+    """The stages whose outputs include `kind`."""
+    return [s for s in STAGES if any(o.kind == kind for o in s.outputs)]
+
+
+def find_stage(name: str) -> Stage | None:
+    """A stage by its name (`data prep sft`) or its slug's tail (`data-prep-sft`)."""
+    return next((s for s in STAGES if name in (s.name, "-".join(s.words), s.slug)), None)

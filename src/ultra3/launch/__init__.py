@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 
-from .. import jobs
+from .. import jobs, records
 from ..compile import Job
+from ..contract import INPUT_ERROR, INPUT_ERROR_EXIT
 from ..errors import JobFailed, JobInputError
-
-# how a runtime reports bad input before it exits with code 2 (recipes/dataprep/settings.py, recipes/quantize.py)
-RUNTIME_INPUT_ERROR = re.compile(r"^[\w. -]+: error: ")
+from ..executors import executor
 
 
 def launch(job: Job) -> None:
@@ -19,17 +17,10 @@ def launch(job: Job) -> None:
 
     for finding in job.report.findings:
         print(finding.line(), file=sys.stderr)
-    job_id = new_job_id(job)
-    if job.executor == "slurm":
-        from .slurm import submit
-    elif job.executor == "ray":
-        from .ray_jobs import submit
-    else:
-        from .local import submit
-    record = submit(job, job_id)
+    record = executor(job.executor).submit(job, new_job_id(job))
     record.submitted = time.time()
     record.argv = sys.argv
-    jobs.save(record)
+    records.save(record)
     where = (f"Slurm job {record.slurm_id}" if record.slurm_id else f"Ray job on {record.ray_address}"
              if record.ray_address else f"pid {record.pid}")
     print(f"submitted {record.id} ({where})\njob dir: {record.job_dir}", flush=True)
@@ -44,8 +35,8 @@ def launch(job: Job) -> None:
         raise SystemExit(130) from None
     if final.state != "COMPLETED":
         lines = jobs.log_text(record).splitlines()
-        said = [line for line in lines if RUNTIME_INPUT_ERROR.match(line)]
-        if final.exit_code == 2 and said:
+        said = [line for line in lines if INPUT_ERROR.match(line)]
+        if final.exit_code == INPUT_ERROR_EXIT and said:
             raise JobInputError(f"{record.id} stopped on its input: {said[-1]}")
         tail = "\n".join(lines[-20:])
         reason = final.reason or jobs.failure_reason(record)
@@ -55,7 +46,7 @@ def launch(job: Job) -> None:
     print(f"{record.id} COMPLETED")
 
 
-def _next_commands(record: jobs.JobRecord) -> None:
+def _next_commands(record: records.JobRecord) -> None:
     print("next:")
     for verb in ("status", "logs", "cancel"):
         print(f"  nemotron jobs {verb} {record.id}{' --follow' if verb == 'logs' else ''}")

@@ -12,11 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compile import Job
-
-# The in-job entry point: preflight first, then torchrun / Ray, per the stage's launch.
-ENTRY = "recipes/launch.py"
-CONFIG_FILE = "config.yaml"
-HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"
+from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
 
 
 def task_name(job: Job) -> str:
@@ -24,7 +20,8 @@ def task_name(job: Job) -> str:
 
 
 def job_command(python: str = "python") -> list[str]:
-    return [python, ENTRY, "--config", CONFIG_FILE]
+    """The in-job entry point, run in the code dir on every node: preflight, then torchrun / Ray."""
+    return [python, "-m", ENTRY_MODULE, "--config", CONFIG_FILE]
 
 
 @dataclass

@@ -4,7 +4,6 @@ One module per concern, each with ``check(cfg, report)``; they read the config w
 collect every finding (none stops at the first) and add derived facts and printable tables to the report:
 
 * cluster      nodes, GPUs per node, GPU type: ONE warning per unknown, the other checks skip quietly
-* data         training data set unless mock data is asked for
 * parallelism  world vs TP·PP·CP and the expert mesh, layers/experts/heads per rank, hybrid layer pattern
 * sequence     seq_length vs CP and SP, packed-SFT pack size
 * batch        GBS vs MBS·DP, microbatches and the pipeline bubble
@@ -23,9 +22,9 @@ from __future__ import annotations
 from ultra3.findings import Report
 from ultra3.training_inputs import check_hf_config
 
-from . import batch, cluster, data, memory, parallelism, precision, schedule, sequence, topology
+from . import batch, cluster, memory, parallelism, precision, schedule, sequence, topology
 
-RULES = (cluster, data, parallelism, sequence, batch, precision, topology, schedule, memory)
+RULES = (cluster, parallelism, sequence, batch, precision, topology, schedule, memory)
 
 __all__ = ["RULES", "validate_training"]
 

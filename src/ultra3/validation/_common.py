@@ -61,13 +61,6 @@ def flag(cfg: dict, dotted: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def lcm(*values: int) -> int:
-    out = 1
-    for v in values:
-        out = out * v // math.gcd(out, v)
-    return out
-
-
 def divisors(n: int, limit: int = 8) -> str:
     """'1, 2, 3, 4, 6, 9, 12, ...' — the first `limit` divisors of n, for fix hints."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]

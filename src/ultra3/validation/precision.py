@@ -21,6 +21,7 @@ FP32 gradient reduction with MTP under NVFP4/FP8 when no config layer sets ddp.g
 
 from __future__ import annotations
 
+from ultra3.contract import NVFP4_CAPABILITIES
 from ultra3.gpus import GPU_TYPES
 from ultra3.precision_map import (
     BF16_MODULES,
@@ -47,6 +48,7 @@ from ._common import (
 )
 
 BLACKWELL = ", ".join(name for name, g in GPU_TYPES.items() if g.supports_nvfp4)
+NVFP4_SM = "SM " + "/".join(f"{major}.{minor}" for major, minor in NVFP4_CAPABILITIES)
 GRAD_REDUCE = "ddp.grad_reduce_in_fp32"
 FORCED = "the precision rules (MTP with NVFP4/FP8)"
 
@@ -109,7 +111,7 @@ def _hardware(cfg: dict, prec, report) -> None:
     if prec.nvfp4 and not gpu.supports_nvfp4:
         report.error(
             "mixed_precision",
-            f"{prec.name} trains in NVFP4, which needs SM 10.0/10.3 (Blackwell), but {gpu.name} is {cc}; "
+            f"{prec.name} trains in NVFP4, which needs {NVFP4_SM} (Blackwell), but {gpu.name} is {cc}; "
             f"use a Blackwell profile ({BLACKWELL}), or set mixed_precision=bf16_mixed (BF16) or "
             "bf16_with_fp8_current_scaling_mixed (FP8, SM 8.9+)",
         )

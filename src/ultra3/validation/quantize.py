@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ultra3.findings import Report
-from ultra3.training_inputs import TRACKERS
+from ultra3.contract import CHECKPOINT_TRACKERS as TRACKERS
 
 from . import parallelism
 from ._common import get, pos_int
@@ -20,8 +20,6 @@ from .data_prep import _exists, _missing
 
 BACKENDS = ("hf", "megatron")
 DEVICES = ("auto", "cpu", "cuda")
-UNSET_CHECKPOINT = (" and no completed sft or pretrain job saved one; give a Hugging Face checkpoint (a directory "
-                    "or hub id) or a Megatron-Bridge checkpoint dir")
 RECIPE_DIRS = ("models", "general")  # whole recipes; configs/ holds the pieces they import
 
 
@@ -36,9 +34,9 @@ def shipped_recipes() -> list[str] | None:
 
 
 def validate_quantize(cfg: dict, report: Report) -> None:
-    for key in ("bf16_checkpoint", "modelopt_recipe", "output_dir", "calibration.path"):
+    for key in ("modelopt_recipe", "output_dir", "calibration.path"):  # bf16_checkpoint is the stage's input
         if not get(cfg, key):
-            report.error(key, f"{key} is not set" + (UNSET_CHECKPOINT if key == "bf16_checkpoint" else ""))
+            report.error(key, f"{key} is not set")
     _checkpoint(cfg, report)
     _recipe(get(cfg, "modelopt_recipe"), report)
     calib = get(cfg, "calibration.path")
@@ -67,8 +65,8 @@ def _checkpoint(cfg: dict, report: Report) -> None:
     if not path or get(cfg, "make_checkpoint") or not path.startswith(("/", ".", "~")):
         return  # none, made by the run, or a hub id
     if not _exists(path):
-        _missing(cfg, "bf16_checkpoint", f"{path} does not exist", report)
-    elif not any(_exists(os.path.join(path, name)) for name in ("config.json", *TRACKERS)):
+        return  # the stage's input: ultra3.artifacts reports a missing path
+    if not any(_exists(os.path.join(path, name)) for name in ("config.json", *TRACKERS)):
         report.error("bf16_checkpoint", f"{path} is neither a Hugging Face checkpoint (config.json) nor a "
                                         f"Megatron-Bridge checkpoint ({' or '.join(TRACKERS)}); give the model "
                                         "directory or the checkpoint.save directory of a pretrain/sft job")

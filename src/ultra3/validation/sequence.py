@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
-from ._common import MBS, SEQ, SP, flag, get, lcm, mesh, pos_int
+from ultra3.contract import pad_seq_to_mult
+
+from ._common import MBS, SEQ, SP, flag, get, mesh, pos_int
 
 
 def check(cfg: dict, report) -> None:
@@ -34,15 +36,13 @@ def check(cfg: dict, report) -> None:
             "set model.sequence_parallel=true",
         )
 
-    cp_multiple = 2 * m.cp if m.cp > 1 else 1
-    sp_multiple = m.cp * m.tp if sp and m.tp > 1 else 1
-    multiple = lcm(cp_multiple, sp_multiple)
+    multiple = pad_seq_to_mult(m.tp, m.cp, sp)
     report.facts["pad_seq_to_mult"] = multiple
     why = " and ".join(
         part
         for part in (
-            f"2·CP = {cp_multiple} for CP={m.cp}" if m.cp > 1 else "",
-            f"CP·TP = {sp_multiple} for sequence parallelism over TP={m.tp}" if sp_multiple > 1 else "",
+            f"2·CP = {2 * m.cp} for CP={m.cp}" if m.cp > 1 else "",
+            f"CP·TP = {m.cp * m.tp} for sequence parallelism over TP={m.tp}" if sp and m.tp > 1 else "",
         )
         if part
     )

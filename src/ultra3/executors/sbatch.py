@@ -4,8 +4,9 @@ one container-less or pyxis task), without importing NeMo-Run: the dry run must 
 from __future__ import annotations
 
 import shlex
+from typing import Sequence
 
-from .plan import SlurmSpec
+from ..launch.plan import SlurmSpec
 
 RUNDIR = "/nemo_run"  # where NeMo-Run mounts the task dir inside a container
 
@@ -15,11 +16,17 @@ def _flag(key: str, value: object) -> str:
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
 
+def chain_parameters(after: Sequence[str]) -> dict[str, str]:
+    """A job that waits for others is cancelled by Slurm when one of them fails, instead of staying
+    PENDING (DependencyNeverSatisfied) forever."""
+    return {"kill_on_invalid_dep": "yes"} if after else {}
+
+
 def task_dir(spec: SlurmSpec) -> str:
     return f"{spec.job_dir}/{spec.task}"
 
 
-def sbatch_params(spec: SlurmSpec) -> dict[str, object]:
+def sbatch_params(spec: SlurmSpec, after: Sequence[str] = ()) -> dict[str, object]:
     params = {
         "account": spec.account, "constraint": spec.constraint, "cpus_per_task": spec.cpus_per_task,
         "exclusive": spec.exclusive, "gpus_per_node": spec.gpus_per_node, "job_name": spec.job_name,
@@ -27,7 +34,7 @@ def sbatch_params(spec: SlurmSpec) -> dict[str, object]:
         "output": f"{task_dir(spec)}/sbatch_{spec.job_name}_%j.out", "partition": spec.partition,
         "qos": spec.qos, "time": spec.time,
     }
-    params.update(spec.additional)
+    params.update({**spec.additional, **chain_parameters(after)})
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -43,8 +50,12 @@ def srun_command(spec: SlurmSpec) -> str:
     return " ".join(["srun", "--output", out, *map(shlex.quote, args)])
 
 
-def render_sbatch(spec: SlurmSpec) -> str:
-    flags = "\n".join(_flag(k, v) for k, v in sorted(sbatch_params(spec).items()))
+def render_sbatch(spec: SlurmSpec, after: Sequence[str] = ()) -> str:
+    """`after`: the Slurm ids (or placeholders) the job waits for; NeMo-Run adds their dependency line after
+    the sorted parameters (not quoted here, so a dry run's placeholders stay readable)."""
+    flags = "\n".join(_flag(k, v) for k, v in sorted(sbatch_params(spec, after).items()))
+    if after:
+        flags += f"\n#SBATCH --dependency=afterok:{':'.join(after)}"
     exports = "".join(f"\nexport {k.upper()}={v}" for k, v in spec.env_vars.items())
     setup = f"\n{spec.setup_lines}" if spec.setup_lines else ""
     return f"""#!/bin/bash

@@ -1,4 +1,5 @@
-"""Submission to Slurm through NeMo-Run: from the login node (LocalTunnel) or over SSH."""
+"""NeMo-Run's Slurm submission of one job: its SlurmExecutor (from the login node through a LocalTunnel,
+or over SSH) and the experiment that submits the staged code dir."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-from ..compile import Job
-from ..errors import ClusterError
-from ..jobs import JobRecord
+from ..contract import CONFIG_FILE, ENTRY_MODULE
+from ..launch.jobdir import write_code_dir
+from ..launch.plan import SlurmSpec, slurm_spec
 from ..paths import nemorun_home
-from .jobdir import write_code_dir
-from .plan import ENTRY, CONFIG_FILE, SlurmSpec, slurm_spec
+from .sbatch import chain_parameters
+
+if TYPE_CHECKING:
+    from ..compile import Job
 
 
 def nemorun_base(job: Job) -> str:
@@ -42,15 +46,20 @@ def ssh_settings(job: Job) -> dict | None:
 
 
 def _import_nemo_run(home: str):
-    # NeMo-Run reads NEMORUN_HOME when imported, and a LocalTunnel only works with job_dir="" (that is,
-    # $NEMORUN_HOME/experiments): so the home is where this job's experiment dir must go.
+    # A LocalTunnel only works with job_dir="" (that is, $NEMORUN_HOME/experiments): so the home is where
+    # this job's experiment dir must go. NeMo-Run reads NEMORUN_HOME when first imported; a process that
+    # submits more than one job sets it again.
     os.environ["NEMORUN_HOME"] = home
     import nemo_run
+    from nemo_run.config import set_nemorun_home
 
+    set_nemorun_home(home)
     return nemo_run
 
 
-def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path, home: str):
+def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path, home: str, after: list[str]):
+    """`after`: Slurm ids the job waits for. NeMo-Run takes them as app handles (`<scheme>://<session>/<id>`,
+    see SlurmExecutor.parse_deps) and passes `--dependency=afterok:<ids>` to sbatch and into the script."""
     run = _import_nemo_run(home)
     if ssh:
         tunnel = run.SSHTunnel(host=ssh["host"], user=ssh["user"], job_dir=root, port=ssh.get("port"),
@@ -61,62 +70,44 @@ def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path, 
         account=spec.account, partition=spec.partition, qos=spec.qos, time=spec.time, nodes=spec.nodes,
         ntasks_per_node=spec.ntasks_per_node, gpus_per_node=spec.gpus_per_node, cpus_per_task=spec.cpus_per_task,
         mem=spec.mem, exclusive=spec.exclusive, constraint=spec.constraint,
-        additional_parameters=spec.additional or None, container_image=spec.container_image,
-        container_mounts=spec.container_mounts, env_vars=spec.env_vars, setup_lines=spec.setup_lines,
-        job_name_prefix=spec.job_name[: -len(spec.task)], tunnel=tunnel, poll_estimated_start_time=False,
+        additional_parameters={**spec.additional, **chain_parameters(after)} or None,
+        dependencies=[f"slurm_tunnel://nemo_run/{slurm_id}" for slurm_id in after], dependency_type="afterok",
+        container_image=spec.container_image, container_mounts=spec.container_mounts, env_vars=spec.env_vars,
+        setup_lines=spec.setup_lines, job_name_prefix=spec.job_name[: -len(spec.task)], tunnel=tunnel,
+        poll_estimated_start_time=False,
         packager=run.PatternPackager(include_pattern=f"{staging}/*", relative_path=str(staging)),
     )
 
 
 @contextlib.contextmanager
-def _experiment(job: Job, job_id: str):
+def experiment(job: Job, job_id: str, exp_dir: str, after: list[str]) -> Iterator[tuple[object, SlurmSpec]]:
     """NeMo-Run's experiment for this job, its code dir staged; yields (experiment, spec)."""
     ssh = ssh_settings(job)
-    exp_dir = experiment_dir(job, job_id)
     spec = slurm_spec(job, job_dir=exp_dir)
     with tempfile.TemporaryDirectory(prefix="ultra3-") as tmp:
         staging = Path(tmp)
         write_code_dir(job, job_id, exp_dir, staging)
         home = str(nemorun_home()) if ssh else nemorun_base(job)
-        executor = build_executor(spec, ssh, jobs_root(job), staging, home)
+        executor = build_executor(spec, ssh, jobs_root(job), staging, home, after)
         run = _import_nemo_run(home)
         with contextlib.redirect_stdout(io.StringIO()):  # NeMo-Run's console chatter
             with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True,
                                 enable_goodbye_message=False) as exp:
-                exp.add(run.Script(path=ENTRY, entrypoint="python", args=["--config", CONFIG_FILE]),
+                exp.add(run.Script(path=ENTRY_MODULE, entrypoint="python", m=True, args=["--config", CONFIG_FILE]),
                         name=spec.task, tail_logs=False)
                 yield exp, spec
 
 
-def submit(job: Job, job_id: str) -> JobRecord:
-    try:
-        with _experiment(job, job_id) as (exp, spec):
-            exp.run(detach=True)
-    except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
-        raise ClusterError(f"submission failed: {_first_line(e)}") from None
-    handle = exp.jobs[0].handle or ""
-    slurm_id = handle.rsplit("/", 1)[-1]
-    if not slurm_id.isdigit():
-        raise ClusterError(f"submission failed: NeMo-Run returned no Slurm job id ({handle!r})")
-    return JobRecord(
-        id=job_id, stage=job.stage.name, config=job.options.config, executor="slurm", mode=job.mode,
-        submitted=0, job_dir=spec.job_dir, task=spec.task,
-        log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out",
-        profile=job.profile.name if job.profile else None, slurm_id=slurm_id, ssh=ssh_settings(job),
-    )
-
-
-def nemo_run_script(job: Job, job_id: str) -> str:
+def nemo_run_script(job: Job, job_id: str, after: Sequence[str] = ()) -> str:
     """The sbatch script NeMo-Run itself renders for this job (its dry run), for comparison."""
-    with _experiment(job, job_id) as (exp, spec):
+    with experiment(job, job_id, experiment_dir(job, job_id), list(after)) as (exp, spec):
         exp.dryrun(log=False, delete_exp_dir=False)
-        script = Path(exp._exp_dir, f"{spec.task}_sbatch.sh")
-        text = script.read_text()
+        text = Path(exp._exp_dir, f"{spec.task}_sbatch.sh").read_text()
         shutil.rmtree(exp._exp_dir, ignore_errors=True)
     return text
 
 
-def _first_line(e: BaseException) -> str:
+def first_error(e: BaseException) -> str:
     text = str(e)
     errors = re.findall(r"(?:sbatch|ssh|rsync): error:.*|error: .*", text)
     return (errors[0] if errors else text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:300]

@@ -1,0 +1,279 @@
+"""Stage inputs from the artifact store: where a profile's store is, what it holds, and how each input
+of a stage (stages.Input) gets its value, with where that value came from.
+
+An input keeps a value the configs or the command line give it: a path, `job:ID` (that job's output of
+the right kind) or `NAME:latest` / `NAME:vN` (a version in the store). Left unset, a required input
+takes the newest artifact of its kind made for the same profile (preferring one of the same config
+name; sampled data-prep runs are never picked by themselves). A pipe wires inputs to the outputs of
+its earlier stages. The format of the store is recipes/contract.py's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .contract import ARTIFACT_FORMAT, artifact_name, read_store, resolve_ref, sample_dir
+from .findings import Report
+from .stages import Input, Stage, producers
+
+JOB_REF = "job:"
+
+
+@dataclass
+class Source:
+    """An input's value and where it came from."""
+
+    path: str
+    how: str  # shown after the value: "from <job> completed <date>", "from pipe stage pretrain", "set in ..."
+    producer: str | None = None  # the job that made it
+    artifact: str | None = None  # NAME:vN in the store
+    digest: str | None = None  # the producer's config digest: what a consumer's own digest builds on
+    pending: bool = False  # the output of a pipe stage not yet run: nothing to check on disk yet
+
+
+class Store:
+    """The manifests under one store root: a directory here, or on the cluster for SSH profiles."""
+
+    def __init__(self, root: str, ssh: dict | None = None):
+        self.root, self.ssh = root, ssh
+        self._manifests: list[dict] | None = None
+
+    def manifests(self) -> list[dict]:
+        """Every version, newest first (one read of the store per command)."""
+        if self._manifests is None:
+            self._manifests = read_store(self.root) if not self.ssh else self._remote()
+        return self._manifests
+
+    def _remote(self) -> list[dict]:
+        from .errors import ClusterError
+        from .executors.commands import run
+
+        find = ["find", self.root, "-mindepth", "3", "-maxdepth", "3", "-path", "*/v*/manifest.json",
+                "-exec", "cat", "{}", "+"]
+        try:
+            out = run(find, self.ssh).stdout
+        except ClusterError:
+            return []
+        found = []
+        for line in out.splitlines():  # a manifest is one JSON object on one line
+            try:
+                manifest = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(manifest, dict) and manifest.get("format") == ARTIFACT_FORMAT:
+                found.append(manifest)
+        return sorted(found, key=lambda m: (m.get("created_ts", 0), m.get("version", 0)), reverse=True)
+
+    def newest(self, kinds: tuple[str, ...], profile: str | None, config: str) -> dict | None:
+        for kind in kinds:  # the first kind with any artifact wins (sft before pretrain checkpoints)
+            mine = [m for m in self.manifests() if m.get("type") == kind and m.get("profile") == profile
+                    and not m.get("sample")]
+            if mine:
+                return next((m for m in mine if m.get("config") == config), mine[0])
+        return None
+
+    def by_job(self, job_ref: str, kinds: tuple[str, ...]) -> dict | None:
+        return next((m for m in self.manifests() if m.get("type") in kinds and
+                     (m.get("producer") == job_ref or str(m.get("producer", "")).split("_", 1)[-1].startswith(job_ref)
+                      or str(m.get("producer", "")).startswith(job_ref))), None)
+
+    def by_ref(self, ref: str) -> dict | None:
+        if not self.ssh:
+            return resolve_ref(self.root, ref)
+        name, _, version = ref.rpartition(":")
+        mine = [m for m in self.manifests() if m.get("name") == name]
+        if version == "latest":
+            return mine[0] if mine else None
+        return next((m for m in mine if str(m.get("version")) == version.removeprefix("v")), None)
+
+    def completed_with(self, digest: str, profile: str | None) -> list[dict]:
+        """The artifacts of the newest completed job with this config digest for this profile."""
+        found = [m for m in self.manifests() if m.get("config_digest") == digest and m.get("profile") == profile]
+        return [m for m in found if m.get("producer") == found[0].get("producer")] if found else []
+
+
+def from_manifest(manifest: dict) -> Source:
+    created = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("created_ts") or 0))
+    return Source(manifest["path"], f"from {manifest.get('producer')} completed {created}", manifest.get("producer"),
+                  f"{manifest.get('name')}:v{manifest.get('version')}", manifest.get("config_digest"))
+
+
+def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile: str | None, store: Store,
+           wired: dict[str, Source], report: Report) -> list[Source | None]:
+    """Give every input of `stage` its value in `config` (and `origin`), one Source per input (None where
+    the input is not needed); errors for a required input with nothing to take."""
+    sources: list[Source | None] = []
+    for inp in stage.inputs:
+        value = get(config, inp.key)
+        source = None
+        if inp.unless and get(config, inp.unless):
+            pass  # not consumed: mock data, a checkpoint the job makes itself, a resumed run
+        elif inp.key in wired and origin.get(inp.key) == wired[inp.key].how:  # the pipe wired it, nothing overrode it
+            source = wired[inp.key]
+        elif isinstance(value, str) and value.startswith(JOB_REF):
+            manifest = store.by_job(value[len(JOB_REF):], inp.kinds)
+            if manifest is None:
+                report.error(inp.key, f"{value}: no {' or '.join(inp.kinds)} artifact of that job in {store.root} "
+                                      f"(set in {origin.get(inp.key)}); see `nemotron jobs list`")
+            source = manifest and from_manifest(manifest)
+        elif isinstance(value, str) and _is_ref(value):
+            manifest = store.by_ref(value)
+            if manifest is None or manifest.get("type") not in inp.kinds:
+                report.error(inp.key, f"{value}: no {' or '.join(inp.kinds)} artifact of that name and version in "
+                                      f"{store.root} (set in {origin.get(inp.key)})")
+            source = manifest and manifest.get("type") in inp.kinds and from_manifest(manifest) or None
+        elif value not in (None, ""):
+            source = Source(str(value), f"set in {origin.get(inp.key)}")
+        elif needed(inp, config):
+            manifest = store.newest(inp.kinds, profile, get(config, "job.config"))
+            if manifest is None:
+                report.error(inp.key, _nothing_found(stage, inp, profile, store))
+            else:
+                source = from_manifest(manifest)
+                if manifest.get("config") != get(config, "job.config"):
+                    report.note(inp.key, f"no {manifest['type']} of config '{get(config, 'job.config')}'; taking "
+                                         f"config '{manifest.get('config')}'s ({source.artifact})")
+        if source and source.how != f"set in {origin.get(inp.key)}":  # resolved: the value and its origin change
+            put(config, inp.key, source.path)
+            origin[inp.key] = source.how
+        sources.append(source or None)
+    return sources
+
+
+def needed(inp: Input, config: dict[str, Any]) -> bool:
+    return inp.required and not (inp.unless and get(config, inp.unless))
+
+
+def _is_ref(value: str) -> bool:
+    name, sep, version = value.rpartition(":")
+    return bool(sep) and "/" not in value and (version == "latest" or version.removeprefix("v").isdigit()) \
+        and bool(name)
+
+
+def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store) -> str:
+    makers = [s for kind in inp.kinds for s in producers(kind)]
+    command = f"ultra3 {makers[0].name}{f' --batch {profile}' if profile else ''}" if makers else ""
+    whose = f"profile '{profile}'" if profile else "this machine"
+    first = f"run `{command}` first, or " if command else ""
+    skip = f" (not needed when {inp.unless} is set)" if inp.unless else ""
+    return (f"no {' or '.join(inp.kinds)} artifact for {whose} in {store.root}: {stage.name} needs its {inp.name} "
+            f"input; {first}set {inp.key}=PATH (or job:ID, NAME:latest){skip}")
+
+
+def hint(inp: Input, profile: str | None) -> str:
+    makers = [s for kind in inp.kinds for s in producers(kind)]
+    return f"ultra3 {makers[0].name}{f' --batch {profile}' if profile else ''}" if makers else ""
+
+
+def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None], profile: str | None) -> list[dict]:
+    """`job.inputs` of the job config: what the in-job preflight checks and the job's manifests record."""
+    return [{"name": inp.name, "key": inp.key, "kinds": list(inp.kinds), "required": needed(inp, config),
+             "path": src.path if src else None, "producer": src.producer if src else None,
+             "artifact": src.artifact if src else None, "hint": hint(inp, profile),
+             "pending": bool(src and src.pending)}
+            for inp, src in zip(stage.inputs, sources)]
+
+
+def produces(stage: Stage, config: dict[str, Any]) -> list[dict]:
+    """`job.produces`: each output's artifact name, kind and path (an interpolation over the job's config,
+    resolved when the job dir is known); data prep's `sample` runs write to, and publish, their own."""
+    sample = get(config, "sample")
+    out = []
+    for o in stage.outputs:
+        base = get(config, o.key)
+        if base in (None, ""):
+            continue
+        folder = sample_dir(f"${{{o.key}}}", sample)
+        out.append({"name": artifact_name(o.kind, get(config, "job.config"), sample), "kind": o.kind,
+                    "path": f"{folder}/{o.file}" if o.file else folder})
+    return out
+
+
+def interpolate(template: str, config: dict[str, Any]) -> str:
+    """An output path template (`${output_dir}/blend.json`) with the config's values."""
+    return re.sub(r"\$\{([\w.]+)\}", lambda m: str(get(config, m.group(1))), template)
+
+
+def digest(config: dict[str, Any], stage: Stage, sources: list[Source | None]) -> str:
+    """What makes two jobs' outputs the same: the config without where and how it runs (run, cluster,
+    job) and without its input paths, plus what each input is: its producer's digest, or its value."""
+    keys = {inp.key for inp in stage.inputs}
+    body = {k: v for k, v in config.items() if k not in ("run", "cluster", "job")}
+    body = _without(body, keys)
+    body["__inputs__"] = {inp.name: (src.digest or src.path) if src else None
+                          for inp, src in zip(stage.inputs, sources)}
+    body["__stage__"] = stage.name
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _without(tree: dict[str, Any], keys: set[str], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        dotted = f"{prefix}{k}"
+        if dotted in keys:
+            continue
+        out[k] = _without(v, keys, dotted + ".") if isinstance(v, dict) else v
+    return out
+
+
+def get(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def put(config: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        if not isinstance(config.get(part), dict):
+            config[part] = {}
+        config = config[part]
+    config[last] = value
+
+
+def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | None], local: bool,
+                report: Report) -> None:
+    """Inputs given as paths must exist: an error on this machine, a warning for a cluster (its nodes may
+    mount what this machine does not; the job's preflight checks again). A blend.json must name shards."""
+    for inp, src in zip(stage.inputs, sources):
+        if not src or src.pending or not src.path.startswith(("/", "~")):
+            continue  # hub ids and repo-relative samples are the stage validator's
+        path = os.path.expanduser(src.path)
+        problem = None
+        if not os.path.exists(path):
+            problem = f"{src.path} does not exist"
+        elif "pretrain-data" in inp.kinds and os.path.isfile(path):
+            problem = _blend_problem(path)
+        if problem:
+            fix = f"run `{hint(inp, None)}` or fix the path"
+            if local:
+                report.error(inp.key, f"{problem} ({src.how}); {fix}")
+            else:
+                report.warn(inp.key, f"{problem} on this machine ({src.how}); fine if the cluster mounts it")
+
+
+def _blend_problem(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            blend = json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{path} is not a readable JSON blend ({e})"
+    prefixes = [p for split in blend.values() if isinstance(split, list) for p in split if isinstance(p, str)] \
+        if isinstance(blend, dict) else []
+    missing = [p for p in prefixes if not (os.path.exists(p + ".bin") and os.path.exists(p + ".idx"))]
+    if not prefixes or missing:
+        return (f"{path} names {len(missing)} of {len(prefixes)} shard(s) without .bin/.idx"
+                f"{f', e.g. {missing[0]}' if missing else ''}")
+    return None
+
+
+def source_line(key: str, src: Source) -> str:
+    return f"{key} = {src.path}  ({src.how}{f', {src.artifact}' if src.artifact else ''})"

@@ -1,0 +1,385 @@
+"""What a job will cost, estimated before it is submitted: wall time and GPU-hours (CPU core-hours for CPU
+stages) from the config's token or step budget and a stated throughput model, or, when an earlier run of the
+same config completed, from its measured rate. Each stage names its model in the registry (`Stage.cost`): one
+per kind of work, `(config, measured) -> Estimate`, where `measured` are the artifact manifests
+(recipes/contract.py) of earlier jobs of the same stage and config digest, newest first.
+
+Training model FLOPs per token (forward and backward, recomputation not counted):
+    6 x (active params + each MTP depth's block and output layer) + 6 x seq x heads x kv_channels per attention
+    layer (causal: half the seq x seq scores); Mamba-2 scans and norms are left out.
+For Ultra at seq 8192 that is 359.7 GFLOP/token; NVIDIA's published 1,281 model TFLOP/s at 3,552 tokens/s per
+GPU (field.md §3.4) make 360.6.
+
+Stdlib only (the dry run stays fast); docs/cost.md lists every figure with its source.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+from .paths import RECIPES_DIR
+from .validation import params as P
+from .validation._common import fmt_count, get, number, pos_int, precision
+
+# Dense (no sparsity) tensor-core peak per GPU, TFLOP/s. BF16 and FP8: the datasheet values of field.md §3.4.
+# NVFP4: NVIDIA's datasheets: HGX B200 144 PFLOP/s sparse FP4 over 8 GPUs, GB200 NVL72 1,440 sparse over 72,
+# GB300 NVL72 1,080 dense over 72. Hopper has no FP4 tensor cores.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "h100": {"bf16": 989, "fp8": 1979},
+    "h200": {"bf16": 989, "fp8": 1979},
+    "b200": {"bf16": 2250, "fp8": 4500, "nvfp4": 9000},
+    "gb200": {"bf16": 2500, "fp8": 5000, "nvfp4": 10000},
+    "gb300": {"bf16": 2500, "fp8": 5000, "nvfp4": 15000},
+}
+PRECISION_NAMES = {"nvfp4": "NVFP4", "fp8": "FP8", "bf16": "BF16"}
+
+# Model FLOP/s over the peak of the precision the GEMMs run in (field.md §3.4, Megatron-Bridge perf summary
+# 26.08, Ultra at seq 8192):
+# * nvfp4: Ultra MXFP8 does 1,281 TFLOP/s per GB300 and 923 per GB200; NVFP4 adds 4% on hybrid MoE (Super
+#   on GB300: 864 vs 831), so 1,332 / 15,000 = 8.9% and 960 / 10,000 = 9.6% of the NVFP4 peak.
+# * fp8: the same runs are 26% (GB300) and 18% (GB200) of the FP8 peak: their middle.
+# * bf16: below those runs' 51% / 37% of the BF16 peak; fine-grained BF16 MoE reaches 39% on H100
+#   (Qwen2-57B-A14B, arXiv:2504.14960).
+MFU = {"nvfp4": 0.09, "fp8": 0.22, "bf16": 0.35}
+FULL_RECOMPUTE = 4 / 3  # full activation recompute runs each forward twice: 8 instead of 6 FLOPs per param
+
+# Quantization: BF16 forward of one sequence at a time through the pipeline stages with ModelOpt's quantizers
+# observing (no published rate: assumed), and the checkpoint read in BF16 (2 bytes/param) and written at about
+# 0.6 bytes/param (Ultra: 1.1 TB -> 331 GB, field.md §4.3) at an assumed 1 GB/s per node.
+CALIBRATION_MFU = 0.10
+CHECKPOINT_BYTES_PER_PARAM = 2 + 0.6
+IO_BYTES_PER_S_PER_NODE = 1e9
+
+# Data prep, tokens/s per core. Text: the pipeline's steady state with one worker and a 131k-token vocabulary,
+# 10.53-10.59 M tokens/s (docs/data_prep.md, benchmarks/data_prep_pretrain.py); with `encoder: tokenizers`,
+# and for conversations (chat rendering on top, not counted): HF tokenizers on one thread, 0.63 M tokens/s
+# (field.md §3.1 [measured]). Download time is not counted.
+TEXT_TOKENS_PER_S = 10.5e6
+HF_TOKENS_PER_S = 0.63e6
+BYTES_PER_TOKEN = 4
+# A record of unknown size (hf:// with `sample`): 2.3 KB, OSCAR's mean (50.4 MB/s at 21,903 docs/s, field.md §3.1).
+BYTES_PER_RECORD = 2300
+HF = "hf://"
+
+
+@dataclass
+class Estimate:
+    stage: str
+    wall_hours: float | None
+    gpu_hours: float | None
+    cpu_core_hours: float | None
+    basis: str  # the throughput model, or `measured: ...`
+    unknown: str = ""  # why it cannot be estimated
+
+
+# -- the models -------------------------------------------------------------------------------------------------
+
+
+def training(config: dict, measured: list[dict]) -> Estimate:
+    """Pretraining and fine-tuning: tokens = iterations x global batch x seq_length at 6 FLOPs per active param."""
+    stage = _stage(config)
+    gpus = _gpus(config)
+    seq, gbs = pos_int(get(config, "model.seq_length")), pos_int(get(config, "train.global_batch_size"))
+    samples = pos_int(get(config, "train.train_samples"))
+    iters = pos_int(get(config, "train.train_iters")) or (samples // gbs if samples and gbs else None)
+    if found := _from_measured(stage, measured, "iterations", iters, gpus):
+        return found
+    if gpus == 0:
+        return _unknown(stage, "no GPU (run.gpus_per_node=0): CPU training is not modelled; a completed run of "
+                               "this config gives a measured rate")
+    if not (iters and gbs and seq):
+        return _unknown(stage, "train.train_iters (or train_samples), train.global_batch_size and "
+                               "model.seq_length must be set")
+    flops, what = _training_flops(config, seq)
+    if flops is None:
+        return _unknown(stage, what)
+    prec = _precision(config)
+    rate, why, where = _gpu_rate(config, prec, MFU[prec])
+    if rate is None:
+        return _unknown(stage, why)
+    recompute = get(config, "model.recompute_granularity") == "full"
+    tokens = iters * gbs * seq
+    gpu_s = tokens * flops * (FULL_RECOMPUTE if recompute else 1) / rate
+    basis = (f"{what}, {fmt_count(tokens)} tokens, {MFU[prec]:.0%} MFU of {where}"
+             + (", x4/3 for full recompute" if recompute else "") + " (assumed)")
+    return Estimate(stage, gpu_s / gpus / 3600, gpu_s / 3600, None, basis)
+
+
+def quantize(config: dict, measured: list[dict]) -> Estimate:
+    """Post-training quantization: calibration forward passes (2 FLOPs per active param per token) plus the
+    checkpoint's read and export."""
+    stage = _stage(config)
+    gpus = _gpus(config)
+    if found := _from_measured(stage, measured, None, None, gpus):
+        return found
+    if gpus == 0:
+        return _unknown(stage, "no GPU (run.gpus_per_node=0): CPU quantization is estimated only from a "
+                               "completed run of this config")
+    params, source = _quantize_params(config)
+    if params is None:
+        return _unknown(stage, source)
+    total, active = params
+    calib = config.get("calibration") or {}
+    seq = pos_int(calib.get("seq_length")) or 4096  # the runtime's defaults (recipes/quantize.py)
+    windows = (pos_int(calib.get("samples")) or 512) + 2 * (pos_int(calib.get("held_out")) or 16)  # held out: 2 passes
+    tokens = windows * seq
+    rate, why, where = _gpu_rate(config, "bf16", CALIBRATION_MFU)
+    if rate is None:
+        return _unknown(stage, why)
+    nodes = pos_int(get(config, "run.nodes")) or 1
+    io_bytes = total * CHECKPOINT_BYTES_PER_PARAM
+    wall_s = 2 * active * tokens / (rate * gpus) + io_bytes / (IO_BYTES_PER_S_PER_NODE * nodes)
+    basis = (f"2·{fmt_count(active)} active params/token ({source}) over {fmt_count(tokens)} calibration tokens at "
+             f"{CALIBRATION_MFU:.0%} MFU of {where}, + {_bytes(io_bytes)} checkpoint I/O at "
+             f"{IO_BYTES_PER_S_PER_NODE / 1e9:g} GB/s per node (assumed)")
+    return Estimate(stage, wall_s / 3600, wall_s * gpus / 3600, None, basis)
+
+
+def data_prep(config: dict, measured: list[dict]) -> Estimate:
+    """Tokenization on CPUs: tokens from the inputs' sizes at a per-core tokenizer rate."""
+    stage = _stage(config)
+    tokens, source = _input_tokens(config)
+    cores, cores_from = _cores(config)
+    if found := _from_measured(stage, measured, "tokens", tokens, 0, cores):
+        return found
+    if tokens is None:
+        return _unknown(stage, source)
+    conversations = config.get("pack_size") is not None  # render, mask and pack: HF tokenizers with offsets
+    if conversations or config.get("encoder") == "tokenizers":
+        rate, rate_from = HF_TOKENS_PER_S, "HF tokenizers"
+    else:
+        rate, rate_from = TEXT_TOKENS_PER_S, "data prep steady state"
+    core_s = tokens / rate
+    basis = (f"{fmt_count(tokens)} tokens ({source}) at {rate / 1e6:g} M tokens/s per core ({rate_from}; assumed)"
+             + (f" on {cores} cores ({cores_from})" if cores else ""))
+    return Estimate(stage, core_s / cores / 3600 if cores else None, None, core_s / 3600, basis)
+
+
+def estimate(job) -> Estimate | None:
+    """A compiled job's cost by its stage's model, from the measured runs of the same config digest in the
+    job's artifact store when there are any."""
+    from .compile import artifact_store
+
+    model = job.stage.cost_model()
+    if model is None:
+        return None
+    measured = [m for m in artifact_store(job).manifests()
+                if m.get("stage") == job.stage.name and m.get("config_digest") == job.digest]
+    return model(job.config, measured)
+
+
+def total(estimates: list[Estimate]) -> Estimate:
+    """A chain run one stage after another: the sums of what is known, and which stages are unknown."""
+    known = [e for e in estimates if not e.unknown]
+    missing = [e.stage for e in estimates if e.unknown]
+
+    def add(field: str) -> float | None:
+        values = [getattr(e, field) for e in known if getattr(e, field) is not None]
+        return sum(values) if values else None
+
+    basis = f"sum of {len(known)} of {len(estimates)} stages" + (f"; unknown: {', '.join(missing)}" if missing else "")
+    return Estimate("total", add("wall_hours"), add("gpu_hours"), add("cpu_core_hours"), basis,
+                    "" if known else f"no stage could be estimated ({len(missing)} unknown)")
+
+
+def format_line(e: Estimate) -> str:
+    """`pretrain   ~ 134 d wall, 2.5 M GPU-h   (basis)`, or the reason it is unknown."""
+    if e.unknown:
+        return f"{e.stage:<18} ? unknown: {e.unknown}"
+    parts = [f"{_duration(e.wall_hours)} wall" if e.wall_hours is not None else "wall unknown"]
+    if e.gpu_hours is not None:
+        parts.append(_amount(e.gpu_hours, "GPU"))
+    if e.cpu_core_hours is not None:
+        parts.append(_amount(e.cpu_core_hours, "core"))
+    return f"{e.stage:<18} ~ {', '.join(parts)}   ({e.basis})"
+
+
+# -- pieces -----------------------------------------------------------------------------------------------------
+
+
+def _stage(config: dict) -> str:
+    return str(get(config, "job.stage", ""))
+
+
+def _unknown(stage: str, why: str) -> Estimate:
+    return Estimate(stage, None, None, None, "", why)
+
+
+def _gpus(config: dict) -> int:
+    nodes, per_node = get(config, "run.nodes", 1), get(config, "run.gpus_per_node", 0)
+    return nodes * per_node if isinstance(nodes, int) and isinstance(per_node, int) else 0
+
+
+def _from_measured(stage: str, measured: list[dict], count_key: str | None, budget: int | None, gpus: int,
+                   cores: int | None = None) -> Estimate | None:
+    """The newest manifest with a duration, scaled by budget / its count when both are known (a manifest of
+    the same config digest without a count did the same work)."""
+    for m in measured:
+        seconds = number(m.get("seconds"))
+        if not seconds or seconds <= 0:
+            continue
+        count = pos_int((m.get("metadata") or {}).get(count_key)) if count_key else None
+        basis = f"measured: {_duration(seconds / 3600)}" + (f" for {count:,} {count_key}" if count else "")
+        basis += f" by {m.get('job') or m.get('name') or 'an earlier job'}"
+        if count and budget and budget != count:
+            seconds *= budget / count
+            basis += f", scaled to {budget:,}"
+        wall = seconds / 3600
+        return Estimate(stage, wall, wall * gpus if gpus else None, wall * cores if cores and not gpus else None,
+                        basis)
+    return None
+
+
+def _precision(config: dict) -> str:
+    prec = precision(config)
+    return "nvfp4" if prec and prec.nvfp4 else "fp8" if prec and prec.fp8 else "bf16"
+
+
+def _gpu_rate(config: dict, prec: str, mfu: float) -> tuple[float | None, str, str]:
+    """(achieved FLOP/s per GPU, why unknown, 'PEAK per GPU' text)."""
+    name = get(config, "cluster.gpu")
+    if not isinstance(name, str) or not name.strip():
+        return None, "cluster.gpu is unset: the profile's `gpu` names the GPU whose peak FLOP/s the estimate needs", ""
+    name = name.strip().lower()
+    peaks = PEAK_TFLOPS.get(name)
+    if peaks is None:
+        return None, f"no peak FLOP/s known for GPU type {name!r} (known: {', '.join(PEAK_TFLOPS)})", ""
+    if prec not in peaks:
+        return None, f"{name} has no {PRECISION_NAMES[prec]} tensor cores", ""
+    peak = peaks[prec] * 1e12
+    return mfu * peak, "", f"{peak / 1e15:g} PFLOP/s dense {PRECISION_NAMES[prec]} per {name}"
+
+
+def _training_flops(config: dict, seq: int) -> tuple[float | None, str]:
+    """(model FLOPs per token, forward and backward; how they were counted) or (None, why)."""
+    num_layers = pos_int(get(config, "model.num_layers"))
+    d, why = P.dims(config)
+    if d is None or num_layers is None:
+        return None, f"parameter count: {why or 'model.num_layers is unset'}"
+    symbols, _ = P.layer_types(config, num_layers)
+    model = P.count(config, d, symbols)
+    copies = model.mtp_depths if get(config, "model.mtp_use_repeated_layer") is False else 1
+    mtp_depth = model.mtp.active // copies + d.vocab * d.h if model.mtp_depths else 0  # block + output layer
+    mtp_pattern = get(config, "model.mtp_hybrid_override_pattern")
+    mtp_pattern = mtp_pattern if isinstance(mtp_pattern, str) and mtp_pattern else "*E"  # as params.mtp_block
+    attention_layers = sum(s in "*D+" for s in symbols) + model.mtp_depths * sum(s in "*D+" for s in mtp_pattern)
+    params = model.active + model.mtp_depths * mtp_depth
+    flops = 6 * params + 6 * seq * (d.heads or 0) * (d.kv or 0) * attention_layers
+    what = f"6·{fmt_count(params)} active params/token"
+    if model.mtp_depths:
+        what += f" (with {model.mtp_depths} MTP depths)"
+    if attention_layers and d.heads:
+        what += f" + causal attention at seq {seq:,}"
+        if get(config, "dataset.packed_dir") or get(config, "dataset.pack_size"):
+            what += " (upper bound: packs attend per sequence)"
+    return flops, what
+
+
+def _quantize_params(config: dict) -> tuple[tuple[float, float] | None, str]:
+    """((total, active) parameters, where from): the model dims, else the checkpoint's name (`...-550B-A55B-...`)."""
+    num_layers = pos_int(get(config, "model.num_layers"))
+    d, why = P.dims(config)
+    if d is not None and num_layers is not None:
+        model = P.count(config, d, P.layer_types(config, num_layers)[0])
+        return (model.total, model.active), "from model.*"
+    name = str(config.get("bf16_checkpoint") or "")
+    if m := re.search(r"(\d+(?:\.\d+)?)B-A(\d+(?:\.\d+)?)B", name):
+        return (float(m[1]) * 1e9, float(m[2]) * 1e9), "from the checkpoint's name"
+    return None, f"parameter count: {why or 'model.num_layers is unset'}, and bf16_checkpoint names no size"
+
+
+def _input_tokens(config: dict) -> tuple[int | None, str]:
+    """(tokens of the inputs, how counted) or (None, why): local files at 4 bytes per token (gzip: its
+    uncompressed size), `sample` records at 2.3 KB each where that is less or the input is remote."""
+    sample = pos_int(config.get("sample"))
+    datasets = config.get("datasets") or []
+    if not datasets:
+        return None, "no datasets"
+    total_bytes, how = 0, set()
+    for ds in datasets:
+        path = str(ds.get("path") or "")
+        remote = path.startswith(HF)
+        size = None if remote else _local_bytes(path)
+        if sample and (size is None or sample * BYTES_PER_RECORD < size):
+            size, kind = sample * BYTES_PER_RECORD, f"sample={sample} x 2.3 KB/record"
+        elif size is None:
+            why = "the size of an hf:// dataset is unknown before download" if remote else "matches no file here"
+            return None, f"{path}: {why}; set sample, or run once for a measured rate"
+        else:
+            kind = "local bytes/4"
+        total_bytes += size
+        how.add(kind)
+    count = f"{len(datasets)} dataset{'s' if len(datasets) > 1 else ''}"
+    return total_bytes // BYTES_PER_TOKEN, f"{count}, {' and '.join(sorted(how))}"
+
+
+def _local_bytes(path: str) -> int | None:
+    path = os.path.expanduser(path)
+    files = [f for f in glob.glob(path if os.path.isabs(path) else str(RECIPES_DIR.parent / path)) if os.path.isfile(f)]
+    return sum(_text_bytes(f) for f in files) if files else None
+
+
+def _text_bytes(path: str) -> int:
+    """A gzip file's uncompressed size, else the size on disk. The gzip trailer holds the size modulo 4 GiB of
+    the last member only: below the size on disk it is not the file's, and the size on disk is taken."""
+    size = os.path.getsize(path)
+    if path.endswith(".gz") and size >= 18:
+        with open(path, "rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                f.seek(-4, os.SEEK_END)
+                return max(size, struct.unpack("<I", f.read(4))[0])
+    return size
+
+
+def _cores(config: dict) -> tuple[int | None, str]:
+    """CPU cores the data prep runs on, when the config or this machine says."""
+    workers = pos_int(config.get("workers"))
+    if workers:
+        return workers * (pos_int(config.get("cpus_per_task")) or 1), "workers x cpus_per_task"
+    if get(config, "job.executor") == "local":
+        return len(os.sched_getaffinity(0)), "this machine"
+    per_node = pos_int(get(config, "run.cpus_per_task"))
+    if per_node:
+        return per_node * (pos_int(get(config, "run.nodes")) or 1), "run.nodes x run.cpus_per_task"
+    return None, ""
+
+
+# -- units ------------------------------------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def _duration(hours: float) -> str:
+    seconds = hours * 3600
+    if seconds >= 2 * 86400:
+        return f"{_num(seconds / 86400)} d"
+    if seconds >= 3600:
+        return f"{_num(hours)} h"
+    if seconds >= 60:
+        return f"{_num(seconds / 60)} min"
+    return f"{_num(seconds)} s" if seconds >= 1 else "<1 s"
+
+
+def _amount(hours: float, what: str) -> str:
+    """`7.6 M GPU-h`, `410 GPU-h`, `12 GPU-min`, `3 core-s`."""
+    for scale, prefix in ((1e6, "M "), (1e3, "k ")):
+        if hours >= scale:
+            return f"{_num(hours / scale)} {prefix}{what}-h"
+    if hours >= 1:
+        return f"{_num(hours)} {what}-h"
+    if hours * 60 >= 1:
+        return f"{_num(hours * 60)} {what}-min"
+    return f"{_num(hours * 3600)} {what}-s" if hours * 3600 >= 1 else f"<1 {what}-s"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{_num(n / size)} {unit}"
+    return f"{n:.0f} B"

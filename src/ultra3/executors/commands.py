@@ -1,0 +1,29 @@
+"""Commands on the machine that holds a job: this one, or the cluster's login node over SSH. Always an
+argv list; over SSH the remote shell parses one string, so the argv is quoted with shlex.join."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from ..errors import ClusterError
+
+
+def run(argv: list[str], ssh: dict | None = None, timeout: float = 60, text: bool = True) -> subprocess.CompletedProcess:
+    full = ssh_argv(ssh) + [shlex.join(argv)] if ssh else argv
+    try:
+        return subprocess.run(full, capture_output=True, text=text, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"'{argv[0]}' did not answer within {timeout:.0f}s") from None
+    except FileNotFoundError as e:
+        raise ClusterError(f"cannot run {full[0]}: {e}") from None
+
+
+def ssh_argv(ssh: dict) -> list[str]:
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
+    if ssh.get("port"):
+        argv += ["-p", str(ssh["port"])]
+    if ssh.get("identity"):
+        argv += ["-i", os.path.expanduser(ssh["identity"])]
+    return argv + [f"{ssh['user']}@{ssh['host']}" if ssh.get("user") else ssh["host"]]

@@ -1,0 +1,107 @@
+"""The embedded default: run the job on this machine, in a job dir laid out like a Slurm one."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..launch.jobdir import write_code_dir
+from ..launch.plan import local_command, task_name
+from ..records import JobRecord, State
+from .base import Executor, home_artifacts, home_job_dir, local_files, read_from
+
+if TYPE_CHECKING:
+    from ..compile import Job
+    from ..findings import Report
+    from ..profiles import Profile
+    from ..stages import Stage
+
+LOG = "log-local.out"
+SCRIPT = "job.sh"
+CANCEL_CODES = (-15, 143, 130)  # SIGTERM as Python and bash report it, and Ctrl-C
+
+
+class Local(Executor):
+    name = "local"
+    chains = False
+    runs_here = True
+    shown_as = "local command"
+
+    def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
+        nodes = run.get("nodes") or 1
+        if nodes > 1:
+            report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "
+                                      "with --run/--batch PROFILE, or set run.nodes=1 (as -c tiny does)")
+
+    def job_dir(self, job: Job, job_id: str) -> str:
+        return str(home_job_dir(job, job_id))
+
+    def artifacts_root(self, job: Job) -> str:
+        return str(home_artifacts())
+
+    def render(self, job: Job, job_id: str | None, after: Sequence[JobRecord] | Sequence[str] = ()) -> str:
+        return " ".join(local_command(job))
+
+    def submit(self, job: Job, job_id: str, after: Sequence[JobRecord] = ()) -> JobRecord:
+        self.refuse_chain(after)
+        exp_dir = home_job_dir(job, job_id)
+        task = task_name(job)
+        code = exp_dir / task / "code"
+        code.mkdir(parents=True)
+        write_code_dir(job, job_id, str(exp_dir), code)
+        run = job.config["run"]
+        env = {**os.environ, **{k: str(v) for k, v in (run.get("env") or {}).items()}, "PYTHONUNBUFFERED": "1"}
+        script = exp_dir / task / SCRIPT
+        script.write_text(job_script(job, exp_dir / task))
+        script.chmod(0o755)
+        # The job's own process group, so cancel stops everything it started.
+        proc = subprocess.Popen(["bash", str(script)], cwd=code, env=env, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self.new_record(job, job_id, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}", pid=proc.pid)
+
+    def states(self, records: list[JobRecord]) -> dict[str, State]:
+        return {r.id: _state(r) for r in records}
+
+    def read_log(self, record: JobRecord, offset: int) -> tuple[str, int]:
+        return read_from(local_files([Path(record.job_dir, record.log_glob)]), offset)
+
+    def cancel(self, record: JobRecord) -> None:
+        if record.pid and _alive(record.pid):
+            os.killpg(record.pid, signal.SIGTERM)
+
+
+def job_script(job: Job, task_dir: Path) -> str:
+    """Run from the code dir. The exit code lands in the task dir, where `jobs status` reads it from any
+    later shell: also when a setup line exits, or cancel's SIGTERM stops the script (143, as bash reports it)."""
+    record_exit = f"echo $? > {shlex.quote(str(task_dir / 'exit_code'))}"
+    setup = "".join(f"{line}\n" for line in job.config["run"].get("setup") or [])
+    return (f"#!/bin/bash\n"
+            f"trap {shlex.quote(record_exit)} EXIT\n"
+            "trap 'exit 143' TERM\n"
+            f"{setup}{shlex.join(local_command(job))} > ../{LOG} 2>&1\n")
+
+
+def _state(record: JobRecord) -> State:
+    alive = bool(record.pid) and _alive(record.pid)  # first: a process gone has written its whole exit code
+    exit_file = Path(record.task_dir) / "exit_code"
+    text = exit_file.read_text().strip() if exit_file.is_file() else ""
+    if text:
+        code = int(text)
+        if code == 0:
+            return State("COMPLETED", 0, "", "job dir")
+        return State("CANCELLED" if code in CANCEL_CODES else "FAILED", code, "", "job dir")
+    if alive:
+        return State("RUNNING", None, "", "process")
+    return State("UNKNOWN", None, "the process is gone and left no exit code", "")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False

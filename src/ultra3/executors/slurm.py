@@ -1,0 +1,111 @@
+"""Slurm through NeMo-Run, from the login node or over SSH. Slurm enforces a chain's order itself:
+a job submitted with `after` starts when all of those completed (afterok) and is cancelled by Slurm
+when one of them did not (--kill-on-invalid-dep=yes)."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..errors import ClusterError
+from ..launch.plan import slurm_spec
+from ..paths import nemorun_home
+from ..records import JobRecord, State
+from . import slurm_state
+from .base import Executor, local_files, profile_at, read_from
+from .commands import run
+from .nemo_run_slurm import experiment, experiment_dir, first_error, nemorun_base, ssh_settings
+from .sbatch import render_sbatch
+
+if TYPE_CHECKING:
+    from ..compile import Job
+    from ..findings import Report
+    from ..profiles import Profile
+    from ..stages import Stage
+
+
+class Slurm(Executor):
+    name = "slurm"
+    chains = True
+    shown_as = "sbatch script (as NeMo-Run submits it)"
+
+    def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
+        if not run.get("account"):
+            report.error("run.account", f"the slurm executor needs an account; set account in {profile_at(profile)} "
+                                        "or run.account=NAME")
+        root = run.get("job_dir") or ("" if run.get("host") else str(nemorun_home()))
+        if "/nemo_run" in root and not run.get("container_image"):
+            key = "run.job_dir" if run.get("job_dir") else "NEMORUN_HOME"
+            report.error(key, f"{root} contains '/nemo_run', which NeMo-Run rewrites in container-less job scripts; "
+                              "choose a directory without it")
+        if run.get("host"):
+            for key in ("user", "job_dir"):
+                if not run.get(key):
+                    report.error(f"run.{key}", f"submitting through SSH (host={run['host']}) needs {key}; "
+                                               f"set it in {profile_at(profile)}")
+        if run.get("mounts") and not run.get("container_image"):
+            report.warn("run.mounts", "mounts apply inside a container only; set container_image or remove them")
+
+    def job_dir(self, job: Job, job_id: str) -> str:
+        return experiment_dir(job, job_id)
+
+    def artifacts_root(self, job: Job) -> str:
+        # login node: beside NeMo-Run's home; over SSH: beside the job dirs on the cluster (run.job_dir)
+        return f"{nemorun_base(job)}/artifacts"
+
+    def render(self, job: Job, job_id: str | None, after: Sequence[JobRecord] | Sequence[str] = ()) -> str:
+        spec = slurm_spec(job, job_dir=self.shown_dir(job, job_id))
+        ids = [a if isinstance(a, str) else _slurm_id(a) for a in after]
+        return render_sbatch(spec, ids)
+
+    def submit(self, job: Job, job_id: str, after: Sequence[JobRecord] = ()) -> JobRecord:
+        ssh = ssh_settings(job)
+        for upstream in after:
+            if upstream.executor != self.name or upstream.ssh != ssh:
+                raise ValueError(f"{job_id} can wait only for Slurm jobs of its own cluster, not {upstream.id}")
+        try:
+            with experiment(job, job_id, self.job_dir(job, job_id), [_slurm_id(a) for a in after]) as (exp, spec):
+                exp.run(detach=True)
+        except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
+            raise ClusterError(f"submission failed: {first_error(e)}") from None
+        handle = exp.jobs[0].handle or ""
+        slurm_id = handle.rsplit("/", 1)[-1]
+        if not slurm_id.isdigit():
+            raise ClusterError(f"submission failed: NeMo-Run returned no Slurm job id ({handle!r})")
+        return self.new_record(job, job_id, job_dir=spec.job_dir, task=spec.task,
+                               log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out", slurm_id=slurm_id,
+                               ssh=ssh, after=[a.id for a in after])
+
+    def states(self, records: list[JobRecord]) -> dict[str, State]:
+        return slurm_state.states(records)
+
+    def read_log(self, record: JobRecord, offset: int) -> tuple[str, int]:
+        """The job's log files (one per start of the job, in order) as one stream."""
+        log = PurePosixPath(record.job_dir, record.log_glob)
+        if not record.ssh:
+            return read_from(local_files(sorted(Path(log.parent).glob(log.name), key=_start_order)), offset)
+        listing = run(["find", str(log.parent), "-maxdepth", "1", "-name", log.name, "-printf", "%s %p\\n"],
+                      record.ssh).stdout
+        files = sorted(((path, int(size)) for size, path in (line.split(" ", 1) for line in listing.splitlines())),
+                       key=lambda f: _start_order(PurePosixPath(f[0])))
+
+        def tail(path: str, skip: int) -> bytes:
+            return run(["tail", "-c", f"+{skip + 1}", path], record.ssh, text=False).stdout
+
+        return read_from(files, offset, tail)
+
+    def cancel(self, record: JobRecord) -> None:
+        result = run(["scancel", record.slurm_id], record.ssh)
+        if result.returncode != 0:
+            raise ClusterError(f"scancel {record.slurm_id} failed: {result.stderr.strip()}")
+
+
+def _slurm_id(record: JobRecord) -> str:
+    if not record.slurm_id:
+        raise ValueError(f"{record.id} is no Slurm job: nothing to wait for")
+    return record.slurm_id
+
+
+def _start_order(path: PurePosixPath) -> tuple[int, str]:
+    """log-<name>_<slurm id>_<restart count>.out: the restart count orders them."""
+    return len(path.name), path.name

@@ -1,0 +1,88 @@
+"""The state of Slurm jobs: one sacct (and at most one squeue) call per cluster, the end marker in the
+job dir when accounting forgot a job, and what the jobs a job waits for (its `after`) did to it."""
+
+from __future__ import annotations
+
+import json
+
+from ..records import TERMINAL, JobRecord, State, load
+from .commands import run
+
+END_MARK = "job exited with code"  # the last line NeMo-Run's batch script writes
+
+
+def states(records: list[JobRecord]) -> dict[str, State]:
+    by_cluster: dict[str, list[JobRecord]] = {}
+    for r in records:
+        if r.slurm_id:
+            by_cluster.setdefault(json.dumps(r.ssh, sort_keys=True), []).append(r)
+    result: dict[str, State] = {}
+    for group in by_cluster.values():
+        result.update(_cluster_states(group))
+    return result
+
+
+def _cluster_states(records: list[JobRecord]) -> dict[str, State]:
+    """These jobs' states, and their upstream jobs' in the same calls."""
+    known = {r.id: r for r in records}
+    for r in records:
+        for job_id in r.after:
+            upstream = known.get(job_id) or load(job_id)
+            if upstream and upstream.slurm_id:
+                known[job_id] = upstream
+    found = _scheduler_states(list(known.values()))
+    by_id = {r.id: found.get(r.slurm_id) or _job_dir_state(r) for r in known.values()}
+    for r in records:
+        _upstream_reason(r, by_id)
+    return {r.id: by_id[r.id] for r in records}
+
+
+def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
+    """Slurm id -> state, from sacct, else (accounting lags or forgot the job) from the controller."""
+    ssh = records[0].ssh
+    found: dict[str, State] = {}
+    acct = run(["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(r.slurm_id for r in records),
+                "--format=JobID,State,ExitCode,Reason"], ssh)
+    for line in acct.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 4:
+            st = parts[1].split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+            code = parts[2].split(":")[0]
+            found[parts[0]] = State(st, int(code) if st in TERMINAL and code.isdigit() else None,
+                                    parts[3] if st == "PENDING" and parts[3] != "None" else "", "sacct")
+    missing = [r.slurm_id for r in records if r.slurm_id not in found]
+    if missing:
+        queue = run(["squeue", "-h", "-j", ",".join(missing), "-o", "%i|%T|%r"], ssh)
+        for line in queue.stdout.splitlines():
+            jid, st, reason = (line.split("|") + ["", ""])[:3]
+            found[jid] = State(st, None, "" if reason == "None" else reason, "squeue")
+    return found
+
+
+def _job_dir_state(record: JobRecord) -> State:
+    """Neither sacct nor squeue knows the job: read the end marker NeMo-Run's script writes."""
+    marks = run(["find", record.task_dir, "-maxdepth", "1", "-name", f"sbatch_*_{record.slurm_id}.out",
+                 "-exec", "grep", "-a", "-h", f"^{END_MARK}", "{}", "+"], record.ssh).stdout.split("\n")
+    last = [line for line in marks if line.strip()][-1:]
+    if last:
+        code = int(last[0].rsplit(" ", 1)[-1])
+        return State("COMPLETED" if code == 0 else "FAILED", code, "", "job dir")
+    return State("UNKNOWN", None, "neither sacct nor squeue knows the job", "")
+
+
+def _upstream_reason(record: JobRecord, by_id: dict[str, State]) -> None:
+    """A job cancelled because a job of its `after` did not complete (--kill-on-invalid-dep) says which;
+    a job pending on its dependency says which job it waits for."""
+    st = by_id[record.id]
+    if st.state not in ("CANCELLED", "PENDING") or (st.state == "PENDING" and not st.reason.startswith("Dependency")):
+        return
+    for job_id in record.after:
+        up = by_id.get(job_id)
+        if up is None or up.state == "COMPLETED" or (st.state == "CANCELLED" and not up.done):
+            continue
+        st.upstream = job_id
+        st.reason = f"upstream {job_id} {up.state}" if up.done else f"waiting for upstream {job_id} {up.state}"
+        if st.state == "CANCELLED":
+            st.exit_code = None  # it never ran
+        return
+

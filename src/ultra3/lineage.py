@@ -1,0 +1,58 @@
+"""`nemotron jobs lineage JOB`: the jobs and artifacts that led to a job's outputs, read from the
+artifact manifests (each names the job that made it and the artifacts that job consumed)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import yaml
+
+from .artifacts import Store
+from .records import JobRecord
+
+
+def job_config(record: JobRecord) -> dict:
+    """The job's resolved config from its job dir (empty when it cannot be read)."""
+    path = f"{record.task_dir}/code/config.yaml"
+    from .errors import ClusterError
+    from .executors.commands import run
+
+    try:
+        return yaml.safe_load(run(["cat", path], record.ssh).stdout) or {}
+    except (ClusterError, yaml.YAMLError):
+        return {}
+
+
+def print_lineage(record: JobRecord, out: TextIO = sys.stdout) -> None:
+    job = job_config(record).get("job") or {}
+    if not job.get("artifacts_root"):
+        out.write(f"{record.id}: its job dir holds no artifact record (submitted before artifacts, or not "
+                  "readable from here)\n")
+        return
+    store = Store(job["artifacts_root"], record.ssh)
+    out.write(f"{record.id}  ({record.stage} -c {record.config})\n")
+    made = _made_by(store, record.id)
+    inputs = made[0]["inputs"] if made else [i for i in job.get("inputs") or [] if i.get("path")]
+    _walk(store, made, inputs, out, "  ", {record.id})
+
+
+def _made_by(store: Store, job_id: str) -> list[dict]:
+    return [m for m in store.manifests() if m.get("producer") == job_id]
+
+
+def _walk(store: Store, made: list[dict], inputs: list[dict], out: TextIO, indent: str, seen: set[str]) -> None:
+    for m in made:
+        out.write(f"{indent}produced {m['name']}:v{m['version']}  {m['path']}\n")
+    for inp in inputs:
+        producer = inp.get("producer")
+        via = f" <- {producer}" + (f" ({inp['artifact']})" if inp.get("artifact") else "") if producer else \
+            "  (given as a path)"
+        out.write(f"{indent}consumed {inp.get('key')} = {inp.get('path')}{via}\n")
+        if producer and producer not in seen:
+            seen.add(producer)
+            upstream = _made_by(store, producer)
+            stage = upstream[0].get("stage") if upstream else "?"
+            config = upstream[0].get("config") if upstream else "?"
+            out.write(f"{indent}  {producer}  ({stage} -c {config})\n")
+            _walk(store, upstream, upstream[0]["inputs"] if upstream else [], out, indent + "    ", seen)

@@ -1,0 +1,98 @@
+"""The job registry ($NEMOTRON_HOME/jobs/<id>.json): one record per submitted job, so status, logs and
+cancel work from any later shell; and the State a job is in."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import UserError
+from .paths import state_home
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}
+
+
+@dataclass
+class JobRecord:
+    id: str
+    stage: str
+    config: str
+    executor: str  # local | slurm | ray
+    mode: str  # attached | detached | local
+    submitted: float
+    job_dir: str  # the experiment dir (on the cluster for SSH submissions)
+    task: str
+    log_glob: str  # the job's log file(s), relative to job_dir
+    profile: str | None = None
+    slurm_id: str | None = None
+    pid: int | None = None  # local runs
+    ssh: dict | None = None  # host, user, port, identity for SSH submissions
+    ray_address: str | None = None  # the Ray cluster of an `executor = "ray"` job
+    argv: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)  # ids of the jobs it waits for (Slurm afterok)
+    pipe: str | None = None  # the pipe run it belongs to
+
+    @property
+    def task_dir(self) -> str:
+        return f"{self.job_dir}/{self.task}"
+
+
+@dataclass
+class State:
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ... or UNKNOWN
+    exit_code: int | None = None
+    reason: str = ""  # why it is pending, or why it failed
+    source: str = ""  # sacct, squeue, job dir, process
+    upstream: str | None = None  # the job of `after` that holds it back or cancelled it
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def label(self) -> str:
+        """The state, with the upstream job that decides it: `CANCELLED (upstream <id> FAILED)`."""
+        return f"{self.state} ({self.reason})" if self.upstream else self.state
+
+
+def registry_dir() -> Path:
+    return state_home() / "jobs"
+
+
+def save(record: JobRecord) -> None:
+    registry_dir().mkdir(parents=True, exist_ok=True)
+    path = registry_dir() / f"{record.id}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2))
+    tmp.replace(path)
+
+
+def _read(path: Path) -> JobRecord | None:
+    try:
+        return JobRecord(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # gone, half-written, or from another version
+
+
+def load(job_id: str) -> JobRecord | None:
+    return _read(registry_dir() / f"{job_id}.json")
+
+
+def all_records() -> list[JobRecord]:
+    records = [r for r in map(_read, registry_dir().glob("*.json")) if r]
+    return sorted(records, key=lambda r: r.submitted, reverse=True)
+
+
+def find(ref: str) -> JobRecord:
+    """A job id, a Slurm job id, or a unique prefix of a job id."""
+    records = all_records()
+    exact = [r for r in records if ref in (r.id, r.slurm_id)]
+    matches = exact or [r for r in records if r.id.startswith(ref) or r.id.split("_", 1)[-1].startswith(ref)]
+    if not matches:
+        raise UserError(f"no job '{ref}' in {registry_dir()}; see `nemotron jobs list`")
+    if len(matches) > 1:
+        raise UserError(f"'{ref}' matches {len(matches)} jobs ({', '.join(r.id for r in matches[:4])}...); "
+                        "give more of the id")
+    return matches[0]

@@ -1,0 +1,91 @@
+"""`ultra3 pipe` without a cluster: the shipped chains compile whole, inputs are wired to the outputs of
+earlier steps, every step's errors are listed before anything is written, and overrides reach one step."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+
+def written(home) -> list:
+    return sorted(p for p in home.rglob("*") if p.is_file()) if home.exists() else []
+
+
+def test_tiny_pipe_dry_run_wires_each_input_to_the_step_that_makes_it(cli, home):
+    r = cli("pipe", "-c", "tiny", "--dry-run")
+    assert r.rc == 0, r.err
+    steps = re.findall(r"^  \d\. (\S+) +ultra3 ([a-z ]+) -c tiny  \[run as (\S+?)(?:, after (\S+))?\]$", r.out, re.M)
+    assert [(s[0], s[1], s[3]) for s in steps] == [
+        ("data-pretrain", "data prep pretrain", ""), ("pretrain", "pretrain", "data-pretrain"),
+        ("data-sft", "data prep sft", "pretrain"), ("sft", "sft", "data-sft"), ("quantize", "quantize", "sft")]
+    ids = {s[0]: s[2] for s in steps}
+    wired = dict(re.findall(r"^       (\S+) = (\S+)  \(from pipe step \S+ \(", r.out, re.M))
+    assert wired["dataset.blend_path"].endswith(f"/{ids['data-pretrain']}/data/blend.json")
+    assert wired["recipe.pretrained_checkpoint"].endswith(f"/{ids['pretrain']}/checkpoints")
+    assert wired["dataset.packed_dir"].endswith(f"/{ids['data-sft']}/data")
+    assert wired["bf16_checkpoint"].endswith(f"/{ids['sft']}/checkpoints")
+    assert wired["calibration.path"] == wired["dataset.packed_dir"]  # quantize calibrates on sft's data
+    assert "dataset.mock = False  <- tiny.yaml [pretrain]" in r.out  # the pipe's own override, shown
+    assert "== estimated cost ==" in r.out and "Dry run: nothing was written or submitted." in r.out
+    assert written(home) == []
+
+
+def test_an_override_reaches_one_step_and_explicit_values_beat_the_wiring(cli, home, tmp_path):
+    mine = tmp_path / "ckpt"
+    mine.mkdir()
+    r = cli("pipe", "-c", "tiny", "--dry-run", "pretrain.train.train_iters=20",
+            f"sft.recipe.pretrained_checkpoint={mine}")
+    assert r.rc == 0, r.err
+    assert "train.train_iters = 20  <- command line" in r.out
+    assert r.out.count("train.train_iters = 20") == 1
+    assert f"recipe.pretrained_checkpoint = {mine}  (set in command line)" in r.out
+
+
+def test_every_steps_errors_are_listed_and_nothing_is_written(cli, home):
+    r = cli("pipe", "-c", "tiny", "--dry-run", "pretrain.train.train_iters=-3", "quantize.calibration.samples=0")
+    assert r.rc == 2
+    assert any(line.startswith("error: pretrain: train.train_iters") for line in r.err_lines), r.err
+    assert any(line.startswith("error: quantize: calibration.samples") for line in r.err_lines), r.err
+    assert "Traceback" not in r.err and written(home) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuch.key=1"], "error: nosuch.key=1: a pipe override is STEP.key=value with STEP one of data-pretrain, "
+                       "pretrain, data-sft, sft, quantize"),
+    (["--from", "nope"], "error: --from nope: no such step; the pipe's steps are data-pretrain, pretrain, "
+                         "data-sft, sft, quantize"),
+    (["--from", "sft", "--to", "pretrain"], "error: --to pretrain comes before --from sft"),
+    (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, tiny, or give a path"),
+])
+def test_bad_pipe_arguments_are_one_line(cli, home, args, message):
+    r = cli("pipe", *args, "--dry-run")
+    assert r.rc == 2 and r.err_lines == [message], r.err
+
+
+def test_from_a_step_needs_the_earlier_steps_completed(cli, home):
+    r = cli("pipe", "-c", "tiny", "--dry-run", "--from", "sft")
+    assert r.rc == 2
+    assert "error: data-pretrain: --from sft: this earlier step has no completed run of this config; start from " \
+           "it or leave --from out" in r.err_lines
+
+
+def test_a_pipe_config_names_known_stages(cli, home, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"stages": {"one": {"stage": "pretrian", "config": "tiny"}}}))
+    r = cli("pipe", "-c", str(bad), "--dry-run")
+    assert r.rc == 2 and r.err_lines == ["error: bad.yaml stages.one.stage: no stage 'pretrian'"], r.err
+
+
+def test_a_required_input_with_nothing_to_take_names_the_stage_to_run(cli, home):
+    r = cli("pretrain", "-c", "tiny", "dataset.mock=false", "--dry-run")
+    assert r.rc == 2
+    line = next(line for line in r.err_lines if line.startswith("error: dataset.blend_path"))
+    assert "no pretrain-data artifact for this machine in " in line
+    assert "run `ultra3 data prep pretrain` first, or set dataset.blend_path=PATH (or job:ID, NAME:latest) (not " \
+           "needed when dataset.mock is set)" in line
+    batch = cli("sft", "-c", "tiny", "--batch", "ci", "--dry-run")
+    assert batch.rc == 2
+    assert any("no pretrain-checkpoint artifact for profile 'ci'" in line and
+               "run `ultra3 pretrain --batch ci` first" in line for line in batch.err_lines), batch.err

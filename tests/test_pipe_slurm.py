@@ -1,0 +1,128 @@
+"""`ultra3 pipe` on the real local Slurm cluster: every step submitted at once with real afterok edges,
+run in order, each consuming its upstream's output (read back from the artifact manifests); a failed
+step leaves the rest CANCELLED with the reason; a completed pipe re-runs as skips; a single stage finds
+its input in the store with its provenance."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import squeue_ids
+from test_slurm_jobs import jobs, sacct_states, wait_state
+
+pytestmark = pytest.mark.slurm
+
+SUBMITTED = re.compile(r"^(\S+): submitted (\S+) \(Slurm job (\d+)(?:, after (\d+))?\)$", re.M)
+CPU_CHAIN = {"stages": {
+    "data-pretrain": {"stage": "data prep pretrain", "config": "tiny"},
+    "data-sft": {"stage": "data prep sft", "config": "tiny"},
+    "quantize": {"stage": "quantize", "config": "tiny"},
+}}
+
+
+@pytest.fixture(autouse=True)
+def _cancel_leftovers():
+    before = squeue_ids()
+    yield
+    left = sorted(squeue_ids() - before)
+    if left:
+        subprocess.run(["scancel", *left], capture_output=True)
+
+
+def submitted(out: str) -> dict[str, tuple[str, str, str | None]]:
+    """step -> (job id, Slurm id, the Slurm id it waits for)."""
+    return {m[0]: (m[1], m[2], m[3]) for m in SUBMITTED.findall(out)}
+
+
+def dependency(slurm_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", slurm_id], capture_output=True, text=True).stdout
+    return re.search(r"Dependency=(\S+)", out).group(1)
+
+
+def store_manifests(root: Path) -> dict[str, dict]:
+    """Every manifest in the artifact store, by producing job id and type."""
+    return {(m["producer"], m["type"]): m
+            for m in (json.loads(p.read_text()) for p in root.glob("*/v*/manifest.json"))}
+
+
+def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli, home, tmp_path):
+    pipe = tmp_path / "cpu.yaml"
+    pipe.write_text(yaml.safe_dump(CPU_CHAIN, sort_keys=False))
+    r = cli("pipe", "-c", str(pipe), "--batch", "ci-cpu")
+    assert r.rc == 0, r.out + r.err
+    steps = submitted(r.out)
+    assert list(steps) == ["data-pretrain", "data-sft", "quantize"], r.out
+    (first, s1, _), (second, s2, after2), (third, s3, after3) = steps.values()
+    assert (after2, after3) == (s1, s2)
+    # Slurm itself holds the order: the edges as the controller has them, while the chain is queued
+    assert dependency(s3).startswith(f"afterok:{s2}"), dependency(s3)
+    assert "nemotron jobs status pipe-cpu_" in r.out
+
+    for job in (first, second, third):
+        wait_state(cli, job, "COMPLETED", "FAILED", "CANCELLED", timeout=600)
+    assert sacct_states([s1, s2, s3]) == {s1: "COMPLETED", s2: "COMPLETED", s3: "COMPLETED"}
+    times = subprocess.run(["sacct", "-X", "-n", "-P", "-j", f"{s1},{s2},{s3}", "-o", "JobID,Start,End"],
+                           capture_output=True, text=True).stdout.split()
+    spans = {row.split("|")[0]: row.split("|")[1:] for row in times}
+    assert spans[s1][1] <= spans[s2][0] and spans[s2][1] <= spans[s3][0], spans  # one after another
+
+    job_dir = Path(re.search(r"^job dir:\s+(\S+)$", jobs(cli, "status", third).out, re.M).group(1))
+    cfg = yaml.safe_load((job_dir / "quantize" / "code" / "config.yaml").read_text())
+    manifests = store_manifests(Path(cfg["job"]["artifacts_root"]))
+    sft_data = manifests[(second, "sft-data")]
+    quantized = manifests[(third, "quantized-checkpoint")]
+    assert (first, "pretrain-data") in manifests
+    assert quantized["inputs"] == [{"name": "calibration", "key": "calibration.path", "path": sft_data["path"],
+                                    "producer": second, "artifact": f"{sft_data['name']}:v{sft_data['version']}"}]
+    assert Path(quantized["path"], "config.json").is_file()
+
+    # the same pipe again: every step done with this config -> skipped, nothing submitted
+    queued = squeue_ids()
+    start = time.monotonic()
+    again = cli("pipe", "-c", str(pipe), "--batch", "ci-cpu")
+    seconds = time.monotonic() - start
+    assert again.rc == 0, again.err
+    assert again.out.count(": skipped, done by ") == 3 and "every step already completed" in again.out, again.out
+    assert squeue_ids() - queued == set()
+    print(f"re-run of a completed 3-step pipe: {seconds:.2f} s")
+
+    # a single stage, nothing set: the newest pretrain-data of this profile, with where it came from
+    dry = cli("pretrain", "-c", "tiny", "--batch", "ci", "dataset.mock=false", "--dry-run")
+    assert dry.rc == 0, dry.err
+    blend = manifests[(first, "pretrain-data")]
+    assert re.search(rf"^dataset.blend_path = {re.escape(blend['path'])}  \(from {first} completed "
+                     rf"\d{{4}}-\d\d-\d\d \d\d:\d\d, {blend['name']}:v{blend['version']}\)$", dry.out, re.M), dry.out
+    by_job = cli("pretrain", "-c", "tiny", "--batch", "ci", "dataset.mock=false", f"dataset.blend_path=job:{first}",
+                 "--dry-run")
+    assert by_job.rc == 0 and f"dataset.blend_path = {blend['path']}" in by_job.out, by_job.err
+
+    lineage = jobs(cli, "lineage", third)
+    assert lineage.rc == 0, lineage.err
+    assert f"consumed calibration.path = {sft_data['path']} <- {second}" in lineage.out
+    assert f"produced {quantized['name']}:v{quantized['version']}" in lineage.out
+
+
+def test_a_failed_step_cancels_the_rest_with_the_reason(slurm, cli, home):
+    r = cli("pipe", "-c", "tiny", "--run", "ci")
+    assert r.rc not in (0, 2), r.out + r.err  # the job's own failure, not bad input
+    steps = submitted(r.out)
+    assert list(steps) == ["data-pretrain", "pretrain", "data-sft", "sft", "quantize"], r.out
+    assert re.search(r"pipe step pretrain \(\S+\) FAILED: PREFLIGHT FAILED on \S+: .*no NVIDIA GPU visible", r.err), \
+        r.err
+    states = sacct_states([s for _, s, _ in steps.values()])
+    ids = [s for _, s, _ in steps.values()]
+    assert [states[i] for i in ids] == ["COMPLETED", "FAILED", "CANCELLED", "CANCELLED", "CANCELLED"], states
+    upstream = {"data-sft": ("pretrain", "FAILED"), "sft": ("data-sft", "CANCELLED"),
+                "quantize": ("sft", "CANCELLED")}
+    for step, (before, state) in upstream.items():
+        st = wait_state(cli, steps[step][0], "CANCELLED", timeout=30)
+        assert st["reason"] == f"upstream {steps[before][0]} {state}", st
+        assert f"CANCELLED (upstream {steps[before][0]} {state})" in r.err  # what the pipe said when it stopped
+    assert not (squeue_ids() & set(ids))  # nothing left PENDING
