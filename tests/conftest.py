@@ -131,3 +131,14 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+# The inputs of the shipped training configs that no artifact store holds in a test: paths on a cluster
+# (for a Slurm profile, a path missing on this machine is a warning).
+INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
+          ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
+          ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"]}
+
+
+def inputs(stage: str, config: str) -> list[str]:
+    return INPUTS.get((stage, config), [])

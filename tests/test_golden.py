@@ -8,21 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from conftest import inputs
+
 from ultra3.paths import config_names
 from ultra3.stages import STAGES
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [(s, c) for s in STAGES for c in config_names(s.config_dir)]
-# the training inputs no artifact store holds here (the dry run refuses a training job without them)
-INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
-          ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
-          ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"]}
 
 
 @pytest.mark.parametrize("stage,config", CASES, ids=[f"{s.slug}-{c}" for s, c in CASES])
 def test_dry_run_matches_golden(cli, home, stage, config):
-    inputs = INPUTS.get((stage.name, config), [])
-    result = cli(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", *inputs)
+    result = cli(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", *inputs(stage.name, config))
     assert result.rc == 0, result.err
     text = result.out.replace(str(Path.cwd()), "<cwd>").replace(str(home), "<home>")
     golden = GOLDEN / f"{stage.slug}-{config}.txt"

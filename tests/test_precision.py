@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ultra3 import megatron_api
+from conftest import inputs
 from ultra3.compile import JOB_DIR_PLACEHOLDER, Options, compile_job
 from ultra3.errors import InvalidConfig
 from ultra3.findings import Report
@@ -41,7 +42,8 @@ BLEND = "dataset.blend_path=/lustre/data/blend.json"
 
 def compile_(stage: str, *overrides: str, config: str = "default", profile: str = "blackwell"):
     stage_ = next(s for s in STAGES if s.name == stage)
-    return compile_job(stage_, Options(config=config, batch=profile, dry_run=True, overrides=list(overrides)))
+    return compile_job(stage_, Options(config=config, batch=profile, dry_run=True,
+                                       overrides=[*(inputs(stage, config) if stage == "sft" else []), *overrides]))
 
 
 def messages(report: Report, level: str, key: str) -> list[str]:

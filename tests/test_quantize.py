@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("modelopt.torch.quantization")
 from recipes.quantization import megatron_export  # noqa: E402
 from safetensors import safe_open  # noqa: E402
-from test_training_inputs import completed_pretrain_job  # noqa: E402
+from test_training_inputs import completed_pretrain_job, provenance  # noqa: E402
 
+from recipes.contract import CHECKPOINT_TRACKERS  # noqa: E402
 from ultra3 import megatron_api, training_inputs  # noqa: E402
 
 ULTRA = "models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6"
@@ -252,7 +253,7 @@ def test_hf_megatron_or_neither_checkpoint_dir(cli, tmp_path):
     (hf / "config.json").write_text("{}")
     mb = megatron_checkpoint(tmp_path / "mb")
     neither = megatron_checkpoint(tmp_path / "neither", tracker="")
-    assert megatron_export.TRACKERS == training_inputs.TRACKERS
+    assert megatron_export.TRACKERS == CHECKPOINT_TRACKERS
     assert [megatron_export.is_megatron(str(p)) for p in (hf, mb, neither)] == [False, True, False]
     args = ("quantize", "-c", "tiny", "--dry-run", "make_checkpoint=false")
     for ok in (hf, mb):
@@ -268,21 +269,20 @@ def test_hf_megatron_or_neither_checkpoint_dir(cli, tmp_path):
 def test_unset_checkpoint_comes_from_the_latest_completed_sft_else_pretrain_job(cli, home, tmp_path):
     args = ("quantize", "-c", "tiny", "--dry-run", "make_checkpoint=false", "bf16_checkpoint=null")
     none = cli(*args)
-    assert none.rc == 2 and "error: bf16_checkpoint: bf16_checkpoint is not set and no completed sft or pretrain " \
-                              "job saved one" in none.err
+    assert none.rc == 2 and "error: bf16_checkpoint: no sft-checkpoint or pretrain-checkpoint artifact for this " \
+                              "machine in " in none.err
     pre = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
     r = cli(*args)
     assert r.rc == 0, r.err
-    assert f"note: bf16_checkpoint: from the latest completed pretrain job ultra3-pretrain_20260101-000000-aaaaaa: " \
-           f"{pre}" in r.out
+    assert provenance("bf16_checkpoint", pre, "ultra3-pretrain_20260101-000000-aaaaaa",
+                      "ultra3-pretrain-checkpoint-tiny:v1").search(r.out), r.out
     sft = completed_pretrain_job(home, tmp_path, "ultra3-sft_20260102-000000-bbbbbb", stage="sft")
     completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260103-000000-cccccc")  # newer, but sft comes first
     completed_pretrain_job(home, tmp_path, "ultra3-sft_20260104-000000-dddddd", stage="sft", tracker=False)  # none
     r = cli(*args)
     assert r.rc == 0, r.err
-    assert f"note: bf16_checkpoint: from the latest completed sft job ultra3-sft_20260102-000000-bbbbbb: {sft}" in r.out
-    assert re.search(rf"^bf16_checkpoint +\= {re.escape(sft)}  <- job ultra3-sft_20260102-000000-bbbbbb$", r.out,
-                     re.MULTILINE)
+    assert provenance("bf16_checkpoint", sft, "ultra3-sft_20260102-000000-bbbbbb",
+                      "ultra3-sft-checkpoint-tiny:v1").search(r.out), r.out
 
 
 def test_runtime_finds_the_job_that_saved_a_megatron_checkpoint(home, tmp_path):

@@ -1,5 +1,5 @@
-"""What a training job starts from, through the real CLI: SFT's pretrained checkpoint taken from the job
-registry, the model keys checked against a local HF config.json, and the in-job preflight of SFT."""
+"""What a training job starts from, through the real CLI: SFT's pretrained checkpoint taken from the artifact
+store (newest, a pinned version, a job's), and the model keys checked against a local HF config.json."""
 
 from __future__ import annotations
 
@@ -7,26 +7,35 @@ import json
 import re
 from datetime import datetime, timezone
 
-from ultra3 import records
-from ultra3.training_inputs import hf_model_keys
+import yaml
 
-from recipes import preflight
+from recipes.contract import artifact_name, record_outputs
+from ultra3 import records
+from ultra3.paths import nemorun_home
+from ultra3.training_inputs import hf_model_keys
 
 
 def completed_pretrain_job(home, tmp_path, job_id: str, tracker: bool = True, stage: str = "pretrain") -> str:
-    """A finished local training job as the launcher leaves it: registry record, config, exit code, checkpoint.
-    Submitted at the time in its id (ultra3-<stage>_YYYYMMDD-HHMMSS-<hex>), so ids order the registry."""
+    """A finished local training job as the launcher and the job leave it: registry record, config, exit code,
+    checkpoint, and (when it saved one) the checkpoint published in the artifact store by the runtime's own
+    `record_outputs`, as recipes/launch.py does when the stage exits 0."""
     job_dir = tmp_path / job_id
     code = job_dir / stage / "code"
     code.mkdir(parents=True)
     ckpt = job_dir / "checkpoints"
     ckpt.mkdir()
-    if tracker:
-        (ckpt / "latest_train_state.pt").write_bytes(b"\0")
-    (code / "config.yaml").write_text(f"checkpoint:\n  save: {ckpt}\n")
+    kind = f"{stage}-checkpoint"
+    job = {"id": job_id, "stage": stage, "config": "tiny", "profile": None, "dir": str(job_dir), "digest": job_id,
+           "artifacts_root": str(nemorun_home() / "artifacts"), "inputs": [],
+           "produces": [{"name": artifact_name(kind, "tiny"), "kind": kind, "path": str(ckpt)}]}
+    (code / "config.yaml").write_text(yaml.safe_dump({"checkpoint": {"save": str(ckpt)}, "job": job}))
     (job_dir / stage / "exit_code").write_text("0\n")
+    if tracker:
+        (ckpt / "latest_checkpointed_iteration.txt").write_text("40")
+        record_outputs({"job": job}, 12.5)
     records.save(records.JobRecord(id=job_id, stage=stage, config="tiny", executor="local", mode="local",
-                             submitted=submitted_at(job_id), job_dir=str(job_dir), task=stage, log_glob="*.log"))
+                                   submitted=submitted_at(job_id), job_dir=str(job_dir), task=stage,
+                                   log_glob="*.log"))
     return str(ckpt)
 
 
@@ -35,19 +44,37 @@ def submitted_at(job_id: str) -> float:
     return datetime.strptime(stamp, "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp()
 
 
+def provenance(key: str, path: str, job_id: str, artifact: str) -> re.Pattern:
+    """The dry run's line for an input taken from the artifact store."""
+    return re.compile(rf"^{re.escape(key)} = {re.escape(path)}  \(from {job_id} completed \d{{4}}-\d\d-\d\d "
+                      rf"\d\d:\d\d, {re.escape(artifact)}\)$", re.M)
+
+
 def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp_path):
     r = cli("sft", "-c", "tiny", "--dry-run")
-    assert r.rc == 0 and "  pretrained_checkpoint: null" in r.out  # none yet: the preflight will stop
+    assert r.rc == 2 and "run `ultra3 pretrain` first" in r.err  # none yet
     older = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
     completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260102-000000-bbbbbb", tracker=False)  # saved none
     r = cli("sft", "-c", "tiny", "--dry-run")
     assert r.rc == 0, r.err
-    assert f"note: recipe.pretrained_checkpoint: from the latest completed pretrain job " \
-           f"ultra3-pretrain_20260101-000000-aaaaaa: {older}" in r.out
-    assert re.search(rf"^recipe.pretrained_checkpoint +\= {re.escape(older)}  <- job ultra3-pretrain_20260101-000000-aaaaaa$",
-                     r.out, re.MULTILINE)
-    given = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=/ckpt/mine")
-    assert "from the latest completed" not in given.out and "  pretrained_checkpoint: /ckpt/mine" in given.out
+    assert provenance("recipe.pretrained_checkpoint", older, "ultra3-pretrain_20260101-000000-aaaaaa",
+                      "ultra3-pretrain-checkpoint-tiny:v1").search(r.out), r.out
+    assert re.search(rf"^recipe.pretrained_checkpoint +\= {re.escape(older)}  <- from "
+                     r"ultra3-pretrain_20260101-000000-aaaaaa completed ", r.out, re.MULTILINE)
+    newer = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260103-000000-cccccc")
+    assert provenance("recipe.pretrained_checkpoint", newer, "ultra3-pretrain_20260103-000000-cccccc",
+                      "ultra3-pretrain-checkpoint-tiny:v2").search(cli("sft", "-c", "tiny", "--dry-run").out)
+    pinned = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:v1")
+    assert provenance("recipe.pretrained_checkpoint", older, "ultra3-pretrain_20260101-000000-aaaaaa",
+                      "ultra3-pretrain-checkpoint-tiny:v1").search(pinned.out), pinned.err
+    by_job = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=job:20260101-000000-aaaaaa")
+    assert f"recipe.pretrained_checkpoint = {older}  (from ultra3-pretrain_20260101-000000-aaaaaa" in by_job.out
+    bad = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:v9")
+    assert bad.rc == 2 and "error: recipe.pretrained_checkpoint: ultra3-pretrain-checkpoint-tiny:v9: no " \
+                           "pretrain-checkpoint artifact of that name and version" in bad.err
+    given = cli("sft", "-c", "tiny", "--dry-run", f"recipe.pretrained_checkpoint={tmp_path}")
+    assert "completed" not in given.out.split("== compiled config ==")[0] and f"  pretrained_checkpoint: {tmp_path}" \
+        in given.out
 
 
 def test_dry_run_checks_model_keys_against_a_local_hf_config(cli, home, tmp_path):
@@ -65,14 +92,6 @@ def test_dry_run_checks_model_keys_against_a_local_hf_config(cli, home, tmp_path
     assert f"error: model.hidden_size: 4096 disagrees with {model}/config.json (8192); remove it from the config " \
            "or set it to 8192" in bad.err_lines
     assert any(line.startswith("error: model.moe_router_topk: 8 disagrees") for line in bad.err_lines)
-
-
-def test_preflight_stops_sft_without_a_checkpoint():
-    cfg = {"job": {"stage": "sft", "launch": "process"}, "dataset": {"mock": True}, "recipe": {}}
-    reason = "recipe.pretrained_checkpoint is not set: SFT starts from a pretrain checkpoint " \
-             "(Megatron-Bridge's finetune needs one)"
-    assert preflight.run(cfg) == [reason]
-    assert preflight.run({**cfg, "checkpoint": {"load": "/resume/here"}}) == []
 
 
 def test_layer_pattern_of_a_config_written_by_transformers():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import inputs
 from ultra3 import megatron_api, schema
 from ultra3.compile import Options, compile_job
 from ultra3.paths import RECIPES_DIR, config_names
@@ -22,14 +23,12 @@ from recipes.training import hf_config, plan
 GOLDEN = Path(__file__).parent / "golden"
 TRAINING = [s for s in STAGES if s.name in ("pretrain", "sft")]
 CASES = [(s, c) for s in TRAINING for c in config_names(s.config_dir)]
-DATA = {"pretrain": ["dataset.blend_path=/lustre/data/blend.json"],
-        "sft": ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"]}
 JOB = {"id": "ultra3-job_20260101-000000-abcdef", "dir": "/jobs/ultra3-stage/ultra3-job_20260101-000000-abcdef"}
 
 
 def job_config(home, stage, config: str, *overrides: str) -> dict:
-    data = DATA[stage.name] if config == "default" else []
-    job = compile_job(stage, Options(config=config, batch="blackwell", overrides=[*data, *overrides]))
+    job = compile_job(stage, Options(config=config, batch="blackwell", overrides=[*inputs(stage.name, config),
+                                                                                   *overrides]))
     return job.with_job(JOB)
 
 
@@ -177,7 +176,7 @@ def test_tiny_model_config_goes_through_the_bridge_mapping(home):
 ])
 def test_checkpoint_dir_is_shared_by_resubmissions_of_a_real_run(home, config, save):
     stage = next(s for s in TRAINING if s.name == "pretrain")
-    job = compile_job(stage, Options(config=config, batch="blackwell", overrides=DATA["pretrain"]))
+    job = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", "default")))
     for job_id in ("job1", "job2"):
         cfg = job.with_job({"id": job_id, "dir": f"/r/experiments/ultra3-pretrain/{job_id}"})
         assert cfg["checkpoint"]["save"] == save.format(job=job_id)
