@@ -180,6 +180,20 @@ def sample_dir(output_dir: str, sample: int | None) -> str:
     return f"{output_dir}/sample-{sample}" if sample else output_dir
 
 
+def _versioned(root: str, inp: dict) -> str | None:
+    """NAME:vN of a consumed artifact; a pipe wires an input before its producer has published, so the
+    version is looked up now, from the producer's manifest."""
+    ref = inp.get("artifact")
+    if not ref or ":" in ref:
+        return ref
+    folder = os.path.join(root, ref)
+    for version in sorted(versions(folder), reverse=True):
+        manifest = read_manifest(os.path.join(folder, f"v{version}", "manifest.json"))
+        if manifest and manifest.get("producer") == inp.get("producer"):
+            return f"{ref}:v{version}"
+    return ref
+
+
 def record_outputs(cfg: dict, seconds: float) -> list[dict]:
     """Publish every output the completed job declared (`job.produces`) and write `<job dir>/outputs.json`.
     A manifest carries NVIDIA's fields (name, version, type, path, created_at, producer, metadata, inputs)
@@ -193,7 +207,8 @@ def record_outputs(cfg: dict, seconds: float) -> list[dict]:
             "profile": job.get("profile"), "config_digest": job.get("digest"), "sample": cfg.get("sample"),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "created_ts": time.time(),
             "seconds": round(seconds, 1),
-            "inputs": [{k: i.get(k) for k in ("name", "key", "path", "producer", "artifact")}
+            "inputs": [{**{k: i.get(k) for k in ("name", "key", "path", "producer")},
+                        "artifact": _versioned(job["artifacts_root"], i)}
                        for i in job.get("inputs") or [] if i.get("path")],
             "metadata": describe(out["path"]),
         }

@@ -55,7 +55,7 @@ def store_manifests(root: Path) -> dict[str, dict]:
 def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli, home, tmp_path):
     pipe = tmp_path / "cpu.yaml"
     pipe.write_text(yaml.safe_dump(CPU_CHAIN, sort_keys=False))
-    r = cli("pipe", "-c", str(pipe), "--batch", "ci-cpu")
+    r = cli("pipe", "-c", str(pipe), "--batch", "ci")
     assert r.rc == 0, r.out + r.err
     steps = submitted(r.out)
     assert list(steps) == ["data-pretrain", "data-sft", "quantize"], r.out
@@ -86,7 +86,7 @@ def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli,
     # the same pipe again: every step done with this config -> skipped, nothing submitted
     queued = squeue_ids()
     start = time.monotonic()
-    again = cli("pipe", "-c", str(pipe), "--batch", "ci-cpu")
+    again = cli("pipe", "-c", str(pipe), "--batch", "ci")
     seconds = time.monotonic() - start
     assert again.rc == 0, again.err
     assert again.out.count(": skipped, done by ") == 3 and "every step already completed" in again.out, again.out
@@ -123,6 +123,6 @@ def test_a_failed_step_cancels_the_rest_with_the_reason(slurm, cli, home):
                 "quantize": ("sft", "CANCELLED")}
     for step, (before, state) in upstream.items():
         st = wait_state(cli, steps[step][0], "CANCELLED", timeout=30)
-        assert st["reason"] == f"upstream {steps[before][0]} {state}", st
+        assert st["upstream"] == f"upstream {steps[before][0]} {state}", st
         assert f"CANCELLED (upstream {steps[before][0]} {state})" in r.err  # what the pipe said when it stopped
     assert not (squeue_ids() & set(ids))  # nothing left PENDING

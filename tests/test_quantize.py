@@ -23,7 +23,6 @@ from recipes.quantization import megatron_export  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from test_training_inputs import completed_pretrain_job, provenance  # noqa: E402
 
-from recipes.contract import CHECKPOINT_TRACKERS  # noqa: E402
 from ultra3 import megatron_api, training_inputs  # noqa: E402
 
 ULTRA = "models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6"
@@ -253,7 +252,6 @@ def test_hf_megatron_or_neither_checkpoint_dir(cli, tmp_path):
     (hf / "config.json").write_text("{}")
     mb = megatron_checkpoint(tmp_path / "mb")
     neither = megatron_checkpoint(tmp_path / "neither", tracker="")
-    assert megatron_export.TRACKERS == CHECKPOINT_TRACKERS
     assert [megatron_export.is_megatron(str(p)) for p in (hf, mb, neither)] == [False, True, False]
     args = ("quantize", "-c", "tiny", "--dry-run", "make_checkpoint=false")
     for ok in (hf, mb):

@@ -29,7 +29,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
 PREFLIGHT = re.compile(r"PREFLIGHT FAILED on \S+: .*not importable: megatron\.bridge")
 SUBMITTED = re.compile(r"^submitted (\S+) \(Slurm job (\d+)\)$", re.M)
 JOB_DIR = re.compile(r"^job dir: (.+)$", re.M)
-STATE = re.compile(r"^state:\s+(\S+)(?: \(exit code (-?\d+)\))?(?: \[(.+)\])?$", re.M)
+STATE = re.compile(r"^state:\s+(\S+)(?: \((upstream [^)]*)\))?(?: \(exit code (-?\d+)\))?(?: \[(.+)\])?$", re.M)
 REASON = re.compile(r"^reason:\s+(.*)$", re.M)
 DRY_SBATCH = "== sbatch script (as NeMo-Run submits it) ==\n"
 DRY_END = "\nDry run: nothing was written or submitted.\n"
@@ -100,8 +100,8 @@ def status(cli, ref: str, env: dict | None = None) -> dict:
     m = STATE.search(r.out)
     assert m, r.out
     reason = REASON.search(r.out)
-    return {"state": m.group(1), "exit_code": int(m.group(2)) if m.group(2) else None, "source": m.group(3),
-            "reason": reason.group(1) if reason else "", "text": r.out}
+    return {"state": m.group(1), "upstream": m.group(2) or "", "exit_code": int(m.group(3)) if m.group(3) else None,
+            "source": m.group(4), "reason": reason.group(1) if reason else "", "text": r.out}
 
 
 def wait_state(cli, ref: str, *wanted: str, timeout: float = 120) -> dict:

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 
 import yaml
 
+from ..contract import CHECKPOINT_TRACKERS
 from .errors import QuantizeError
 
-# the trackers of a checkpoint's latest iteration (ultra3.training_inputs.TRACKERS)
-TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
+TRACKERS = CHECKPOINT_TRACKERS  # the files that name a Megatron-Bridge checkpoint's latest iteration
 EXPORT_DIR = "bf16-hf"  # under the quantize job's dir
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
 
