@@ -174,7 +174,8 @@ def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None
     """`job.inputs` of the job config: what the in-job preflight checks and the job's manifests record."""
     return [{"name": inp.name, "key": inp.key, "kinds": list(inp.kinds), "required": needed(inp, config),
              "path": src.path if src else None, "producer": src.producer if src else None,
-             "artifact": src.artifact if src else None, "hint": hint(inp, profile),
+             "artifact": src.artifact if src else None, "how": src.how if src else None,
+             "hint": hint(inp, profile),
              "pending": bool(src and src.pending)}
             for inp, src in zip(stage.inputs, sources)]
 
