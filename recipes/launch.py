@@ -64,12 +64,12 @@ def main() -> int:
     nodes = int(os.environ.get("SLURM_NNODES", "1"))
     if nodes > 1:
         print(f"node {os.environ.get('SLURM_NODEID')} of {nodes}: {os.environ.get('SLURMD_NODENAME')}")
-    if not (preflight_everywhere(cfg, nodes) if nodes > 1 else preflight.report(cfg)):
-        return PREFLIGHT_EXIT
     if os.environ.get("SLURM_NODEID", "0") == "0":
         for inp in job.get("inputs") or []:  # where every input came from, as the dry run said it
             if inp.get("path"):
                 print(f"input {inp['name']}: {inp['key']} = {inp['path']}  ({inp.get('how') or 'set in the config'})")
+    if not (preflight_everywhere(cfg, nodes) if nodes > 1 else preflight.report(cfg)):
+        return PREFLIGHT_EXIT
     if job["launch"] == "torchrun":
         argv = torchrun_argv(cfg, job["recipe"], args.config)
     else:

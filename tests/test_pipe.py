@@ -89,3 +89,22 @@ def test_a_required_input_with_nothing_to_take_names_the_stage_to_run(cli, home)
     assert batch.rc == 2
     assert any("no pretrain-checkpoint artifact for profile 'ci'" in line and
                "run `ultra3 pretrain --batch ci` first" in line for line in batch.err_lines), batch.err
+
+
+def test_on_this_machine_the_steps_run_in_turn_and_stop_at_the_first_failure(cli, home, tmp_path):
+    """Local executor: data prep runs and publishes, pretrain stops in its preflight (no GPU here), the
+    step after it never starts, and the pipe exits with the failed step's code."""
+    pipe = tmp_path / "two.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": {
+        "data": {"stage": "data prep pretrain", "config": "tiny", "overrides": {"sample": 20}},
+        "pretrain": {"stage": "pretrain", "config": "tiny", "overrides": {"dataset.mock": False}},
+        "data-sft": {"stage": "data prep sft", "config": "tiny"}}}, sort_keys=False))
+    r = cli("pipe", "-c", str(pipe))
+    assert r.rc == 3, r.out[-3000:] + r.err  # the preflight's exit code
+    assert re.search(r"^published ultra3-pretrain-data-tiny-sample-20:v1 -> ", r.out, re.M), r.out[-3000:]
+    assert re.search(r"^input data: dataset.blend_path = \S+/sample-20/blend.json  \(from pipe step data ", r.out, re.M)
+    assert re.search(r"error: pipe step pretrain \(\S+\) FAILED: PREFLIGHT FAILED on \S+: ", r.err), r.err
+    assert "== data-sft" not in r.out and not list((home / "nemorun" / "experiments").glob("ultra3-data-prep-sft"))
+    again = cli("pipe", "-c", str(pipe))  # resumes where it stopped: the data step is not redone
+    assert again.rc == 3 and re.search(r"^data: skipped, done by ultra3-data-prep-pretrain_\S+ "
+                                       r"\(ultra3-pretrain-data-tiny-sample-20:v1\)$", again.out, re.M), again.out

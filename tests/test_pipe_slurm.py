@@ -126,3 +126,24 @@ def test_a_failed_step_cancels_the_rest_with_the_reason(slurm, cli, home):
         assert st["upstream"] == f"upstream {steps[before][0]} {state}", st
         assert f"CANCELLED (upstream {steps[before][0]} {state})" in r.err  # what the pipe said when it stopped
     assert not (squeue_ids() & set(ids))  # nothing left PENDING
+
+
+def test_cancel_a_pipe_by_its_id_cancels_every_step(slurm, cli, home, tmp_path):
+    from test_slurm_jobs import add_profile
+
+    add_profile("slow", setup=["sleep 120"])
+    pipe = tmp_path / "cpu.yaml"
+    pipe.write_text(yaml.safe_dump(CPU_CHAIN, sort_keys=False))
+    r = cli("pipe", "-c", str(pipe), "--batch", "slow")
+    assert r.rc == 0, r.out + r.err
+    pipe_id = re.search(r"nemotron jobs status (pipe-cpu_\S+)", r.out).group(1)
+    steps = submitted(r.out)
+    status = jobs(cli, "status", pipe_id)
+    assert status.rc == 0 and all(job in status.out for job, _, _ in steps.values()), status.out
+    cancelled = jobs(cli, "cancel", pipe_id)
+    assert cancelled.rc == 0, cancelled.err
+    assert [line.split(": ")[0] for line in cancelled.out.splitlines()] == list(steps), cancelled.out
+    ids = [s for _, s, _ in steps.values()]
+    for job, _, _ in steps.values():
+        wait_state(cli, job, "CANCELLED", timeout=60)
+    assert set(sacct_states(ids).values()) == {"CANCELLED"} and not (squeue_ids() & set(ids))

@@ -341,3 +341,36 @@ def test_export_calls_match_the_recorded_api():
         for kw in call.keywords:
             assert megatron_api.accepts(name, kw.arg), f"{name} takes no keyword {kw.arg}"
     assert megatron_api.signature(f"{AUTO_BRIDGE}.export_ckpt")["params"][:2] == ["megatron_path", "hf_path"]
+
+
+def test_calibration_windows_from_the_packed_parquet_of_sft_data_prep(tmp_path):
+    """The directory `ultra3 data prep sft` writes (here through its own Parquet writer): the train split's
+    token ids in shard order, cut into windows; ids beyond the tokenizer are refused with one line."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from transformers import PreTrainedTokenizerFast
+
+    from recipes.dataprep import packed_parquet
+    from recipes.quantization import calibration
+    from recipes.quantization.errors import QuantizeError
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(REPO / "recipes/samples/tiny/tokenizer.json"))
+
+    def packs(folder: Path, ids: list[list[int]]) -> Path:
+        (folder / "train").mkdir(parents=True)
+        flat = np.concatenate([np.asarray(p) for p in ids])
+        offsets = np.cumsum([0, *(len(p) for p in ids)])
+        starts = np.zeros(len(ids), dtype=np.int32)
+        pq.write_table(packed_parquet.table(flat, np.ones_like(flat), offsets, starts, np.arange(len(ids) + 1)),
+                       folder / "train" / "shard_000000.parquet")
+        (folder / calibration.PACKED_MARK).write_text("[]")
+        return folder
+
+    good = packs(tmp_path / "good", [list(range(10, 30)), list(range(100, 120))])
+    calib, held = calibration.windows(str(good), tokenizer, samples=3, held_out=1, seq_length=10)
+    assert calib.tolist() == [list(range(10, 20)), list(range(20, 30)), list(range(100, 110))]
+    assert held.tolist() == [list(range(110, 120))]
+    bad = packs(tmp_path / "bad", [[1, 2, len(tokenizer) + 5]])
+    with pytest.raises(QuantizeError, match=rf"calibration.path: \S+shard_000000.parquet holds token id "
+                                            rf"{len(tokenizer) + 5}, beyond the tokenizer's {len(tokenizer)} ids"):
+        calibration.windows(str(bad), tokenizer, samples=1, held_out=0, seq_length=2)
