@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import squeue_ids
+from conftest import squeue_ids, wait_for
 from test_slurm_jobs import jobs, sacct_states, wait_state
 
 pytestmark = pytest.mark.slurm
@@ -146,4 +146,5 @@ def test_cancel_a_pipe_by_its_id_cancels_every_step(slurm, cli, home, tmp_path):
     ids = [s for _, s, _ in steps.values()]
     for job, _, _ in steps.values():
         wait_state(cli, job, "CANCELLED", timeout=60)
-    assert set(sacct_states(ids).values()) == {"CANCELLED"} and not (squeue_ids() & set(ids))
+    assert set(sacct_states(ids).values()) == {"CANCELLED"}
+    assert wait_for(lambda: not (squeue_ids() & set(ids)), timeout=60)  # gone from the queue once cleaned up

@@ -219,7 +219,9 @@ def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
 
     for finding in step.job.report.findings:
         print(f"{step.entry.id}: {finding.line()}", file=sys.stderr)
-    record = executor(step.job.executor).submit(step.job, step.job_id, [records[s.entry.id] for s in step.after])
+    where = executor(step.job.executor)
+    after = [records[s.entry.id] for s in step.after] if where.chains else []  # else: run in turn
+    record = where.submit(step.job, step.job_id, after)
     record.submitted, record.argv, record.pipe = time.time(), sys.argv, pipe_id
     save(record)
     records[step.entry.id] = record
