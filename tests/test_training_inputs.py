@@ -69,6 +69,14 @@ def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp
                       "ultra3-pretrain-checkpoint-tiny:v1").search(pinned.out), pinned.err
     by_job = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=job:20260101-000000-aaaaaa")
     assert f"recipe.pretrained_checkpoint = {older}  (from ultra3-pretrain_20260101-000000-aaaaaa" in by_job.out
+    two = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=job:ultra3-pretrain_2026010")
+    assert two.rc == 2 and "error: recipe.pretrained_checkpoint: job:ultra3-pretrain_2026010: matches 2 jobs " \
+                           "(ultra3-pretrain_20260101-000000-aaaaaa, ultra3-pretrain_20260103-000000-cccccc); give " \
+                           "more of the id (set in command line)" in two.err_lines, two.err
+    kind = cli("sft", "-c", "tiny", "--dry-run", "dataset.mock=false",
+               "dataset.packed_dir=ultra3-pretrain-checkpoint-tiny:v1")
+    assert kind.rc == 2 and "error: dataset.packed_dir: ultra3-pretrain-checkpoint-tiny:v1 is a pretrain-checkpoint, " \
+                            "but this input takes sft-data (set in command line)" in kind.err_lines, kind.err
     bad = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:v9")
     assert bad.rc == 2 and "error: recipe.pretrained_checkpoint: ultra3-pretrain-checkpoint-tiny:v9: no " \
                            "pretrain-checkpoint artifact of that name and version" in bad.err

@@ -77,10 +77,12 @@ class Store:
                 return next((m for m in mine if m.get("config") == config), mine[0])
         return None
 
-    def by_job(self, job_ref: str, kinds: tuple[str, ...]) -> dict | None:
-        return next((m for m in self.manifests() if m.get("type") in kinds and
-                     (m.get("producer") == job_ref or str(m.get("producer", "")).split("_", 1)[-1].startswith(job_ref)
-                      or str(m.get("producer", "")).startswith(job_ref))), None)
+    def by_job(self, job_ref: str, kinds: tuple[str, ...]) -> list[dict]:
+        """The artifacts of the right kind of the job with this id, or of the jobs the id's prefix names."""
+        mine = [m for m in self.manifests() if m.get("type") in kinds]
+        exact = [m for m in mine if m.get("producer") == job_ref]
+        return exact or [m for m in mine if str(m.get("producer", "")).startswith(job_ref)
+                         or str(m.get("producer", "")).split("_", 1)[-1].startswith(job_ref)]
 
     def by_ref(self, ref: str) -> dict | None:
         if not self.ssh:
@@ -116,17 +118,22 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
         elif inp.key in wired and origin.get(inp.key) == wired[inp.key].how:  # the pipe wired it, nothing overrode it
             source = wired[inp.key]
         elif isinstance(value, str) and value.startswith(JOB_REF):
-            manifest = store.by_job(value[len(JOB_REF):], inp.kinds)
-            if manifest is None:
-                report.error(inp.key, f"{value}: no {' or '.join(inp.kinds)} artifact of that job in {store.root} "
-                                      f"(set in {origin.get(inp.key)}); see `nemotron jobs list`")
-            source = manifest and from_manifest(manifest)
+            found = store.by_job(value[len(JOB_REF):], inp.kinds)
+            jobs = sorted({m.get("producer") for m in found})
+            if len(jobs) != 1:
+                what = f"matches {len(jobs)} jobs ({', '.join(jobs[:3])}); give more of the id" if jobs else \
+                    f"no {' or '.join(inp.kinds)} artifact of that job in {store.root}; see `nemotron jobs list`"
+                report.error(inp.key, f"{value}: {what} (set in {origin.get(inp.key)})")
+            source = from_manifest(found[0]) if len(jobs) == 1 else None
         elif isinstance(value, str) and _is_ref(value):
             manifest = store.by_ref(value)
-            if manifest is None or manifest.get("type") not in inp.kinds:
+            if manifest is None:
                 report.error(inp.key, f"{value}: no {' or '.join(inp.kinds)} artifact of that name and version in "
                                       f"{store.root} (set in {origin.get(inp.key)})")
-            source = manifest and manifest.get("type") in inp.kinds and from_manifest(manifest) or None
+            elif manifest.get("type") not in inp.kinds:
+                report.error(inp.key, f"{value} is a {manifest.get('type')}, but this input takes "
+                                      f"{' or '.join(inp.kinds)} (set in {origin.get(inp.key)})")
+            source = from_manifest(manifest) if manifest and manifest.get("type") in inp.kinds else None
         elif value not in (None, ""):
             source = Source(str(value), f"set in {origin.get(inp.key)}")
         elif needed(inp, config):

@@ -232,7 +232,7 @@ def build_jobs() -> typer.Typer:
 def build_nemotron() -> typer.Typer:
     app = _typer("nemotron", "Nemotron training recipes launcher.")
     app.callback()(lambda: None)
-    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, data prep.")
+    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, data prep, quantize, pipe.")
     app.add_typer(build_jobs(), name="jobs")
     return app
 
