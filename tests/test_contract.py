@@ -66,6 +66,7 @@ def _publish_many(root: str, start, count: int, queue) -> None:
     queue.put([contract.publish(root, manifest("shared", created_ts=time.time()))["version"] for _ in range(count)])
 
 
+@pytest.mark.heavy
 def test_concurrent_publishers_get_distinct_versions_and_latest_ends_at_the_highest(tmp_path):
     root, procs, each = str(tmp_path / "store"), 4, 25
     ctx = multiprocessing.get_context("spawn")  # no fork of pytest's threads
@@ -142,6 +143,7 @@ def data_prep_job(tmp_path_factory):
     return tmp, settings, launch(code)
 
 
+@pytest.mark.heavy
 def test_launch_publishes_the_declared_output_of_a_real_run(data_prep_job):
     tmp, _, p = data_prep_job
     assert p.returncode == 0, p.stdout + p.stderr
@@ -155,6 +157,7 @@ def test_launch_publishes_the_declared_output_of_a_real_run(data_prep_job):
     assert json.loads((tmp / "job" / contract.JOB_OUTPUTS).read_text()) == [published]
 
 
+@pytest.mark.heavy
 def test_launch_refuses_to_publish_a_missing_output(data_prep_job, tmp_path):
     tmp, settings, _ = data_prep_job  # its shards are done: this run reuses them without starting Ray
     missing = tmp / "out" / "sample-50" / "nothing.json"
@@ -171,6 +174,7 @@ def test_launch_refuses_to_publish_a_missing_output(data_prep_job, tmp_path):
     assert not (tmp_path / "store").exists() and not (tmp_path / "job" / contract.JOB_OUTPUTS).exists()
 
 
+@pytest.mark.heavy
 def test_launch_without_declared_outputs_publishes_and_writes_nothing(data_prep_job, tmp_path):
     tmp, settings, _ = data_prep_job
     p = launch(code_dir(tmp_path, DATA_PREP, **settings))
@@ -186,6 +190,7 @@ time.sleep(60)
 '''
 
 
+@pytest.mark.heavy
 def test_launch_passes_sigterm_on_to_its_child_and_returns_its_exit_code(tmp_path):
     code = code_dir(tmp_path, {"recipe": "fake.sleeper", "checks": ["python_version"]})
     (code / "fake").mkdir()
@@ -209,6 +214,7 @@ open(f"rank{os.environ['RANK']}-of-{os.environ['WORLD_SIZE']}", "w").write(" ".j
 '''
 
 
+@pytest.mark.heavy
 def test_torchrun_runs_the_recipe_module_on_every_rank(tmp_path):
     pytest.importorskip("torch")
     code = code_dir(tmp_path, {"recipe": "fake.ranks", "checks": ["python_version"], "launch": "torchrun"})

@@ -40,6 +40,8 @@ TINY = REPO / "recipes" / "samples" / "tiny"
 
 from recipes.dataprep import encoders, hub, indexed, shards  # noqa: E402
 
+pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
+
 BIN = Path(sys.executable).parent
 # PYTHONPATH: the runtime runs as a module from any directory (a job runs it from its code dir)
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},

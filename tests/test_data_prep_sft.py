@@ -22,6 +22,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "samples" / "tiny"
 
+pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
+
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("ray")

@@ -91,6 +91,7 @@ def test_a_required_input_with_nothing_to_take_names_the_stage_to_run(cli, home)
                "run `ultra3 pretrain --batch ci` first" in line for line in batch.err_lines), batch.err
 
 
+@pytest.mark.heavy
 def test_on_this_machine_the_steps_run_in_turn_and_stop_at_the_first_failure(cli, home, tmp_path):
     """Local executor: data prep runs and publishes, pretrain stops in its preflight (no GPU here), the
     step after it never starts, and the pipe exits with the failed step's code."""

@@ -8,6 +8,10 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
+
 
 def test_tiny_data_prep_then_the_pretrain_dry_run_that_reads_it(cli, home):
     prep = cli("data", "prep", "pretrain", "-c", "tiny")

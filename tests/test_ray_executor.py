@@ -18,6 +18,8 @@ import pytest
 
 from conftest import free_ports, wait_for
 
+pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
+
 @pytest.fixture(scope="module")
 def ray_head():
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes

@@ -13,6 +13,8 @@ from ultra3.executors.sbatch import render_sbatch
 from ultra3.executors.nemo_run_slurm import nemo_run_script
 from ultra3.stages import STAGES
 
+pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
+
 EXTRA_PROFILES = """
 [extras]
 extends = "blackwell"
