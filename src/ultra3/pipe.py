@@ -23,6 +23,7 @@ from .config import Layer, find_config, flatten, read_yaml
 from .errors import InvalidConfig, JobFailed, UserError
 from .findings import Finding
 from .paths import state_home
+from .profiles import load_profile
 from .stages import Stage, find_stage
 
 CONFIG_DIR = "pipe"
@@ -117,6 +118,8 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     """Compile every step, wired to the outputs of the ones before it; every error of every step, or the
     chain ready to submit."""
     path, entries = load(options.config)
+    if options.run or options.batch:  # a bad profile is one error, not one per step
+        load_profile(options.run or options.batch, options.env_file, "--run" if options.run else "--batch")
     before, chosen = _select(entries, options.start, options.stop)
     per_step = _split_overrides(options.overrides, entries)
     made: dict[str, Source] = {}  # artifact kind -> the newest maker in the chain so far
