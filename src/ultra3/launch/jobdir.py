@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -59,6 +58,8 @@ def write_code_dir(job: Job, job_id: str, job_dir: str, code_dir: Path) -> dict:
 
 
 def _version(name: str) -> str | None:
+    from importlib import metadata  # 30 ms: only when a job dir is written
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
