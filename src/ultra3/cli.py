@@ -75,6 +75,13 @@ class StageCommand(TyperCommand):
         lines.append(f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
                      f"{f' in {path}' if path else ' (no env.toml found)'}")
         lines.append("Overrides: dotted key=value, e.g. train.train_iters=20 run.time=01:00:00")
+        for inp in self.stage.inputs:  # from the registry: what the stage consumes and makes
+            when = f" (unless {inp.unless})" if inp.unless else "" if inp.required else " (optional)"
+            lines.append(f"Input {inp.name}: {inp.key} <- {' or '.join(inp.kinds)}{when}")
+        if self.stage.inputs:
+            lines.append("  unset: the profile's newest artifact; else a path, job:ID or NAME:vN")
+        if self.stage.outputs:
+            lines.append(f"Publishes: {', '.join(o.kind for o in self.stage.outputs)}")
         lines += ["", "\b", "Examples:", *(f"  {e}" for e in self.stage.examples)]
         return "\n".join(lines)
 
