@@ -20,6 +20,8 @@ import json
 import math
 import os
 import re
+import secrets
+import socket
 import time
 
 # -- how a job ends and speaks -------------------------------------------------------------------
@@ -62,7 +64,7 @@ def artifact_name(kind: str, config: str, sample: int | None = None) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"  # unique across nodes
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
@@ -114,7 +116,15 @@ def read_manifest(path: str) -> dict | None:
             manifest = json.loads(f.read())
     except (OSError, ValueError):
         return None  # not yet written, or not ours
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == ARTIFACT_FORMAT else None
+    return manifest if is_manifest(manifest) else None
+
+
+def is_manifest(manifest: object) -> bool:
+    """One of ours, whole: what readers rely on is there and of its type."""
+    return isinstance(manifest, dict) and manifest.get("format") == ARTIFACT_FORMAT \
+        and all(isinstance(manifest.get(k), str) for k in ("name", "type", "path")) \
+        and isinstance(manifest.get("version"), int) and isinstance(manifest.get("created_ts", 0), (int, float)) \
+        and isinstance(manifest.get("inputs", []), list)
 
 
 def read_store(root: str) -> list[dict]:

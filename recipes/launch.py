@@ -112,7 +112,13 @@ def publish(cfg: dict, seconds: float) -> int:
         print(f"{job.get('stage')}: error: the job ended without its {missing['kind']} output at {missing['path']}",
               file=sys.stderr, flush=True)
         return 1
-    for manifest in contract.record_outputs(cfg, seconds):
+    try:
+        published = contract.record_outputs(cfg, seconds)
+    except (OSError, ValueError) as e:  # an unwritable store: the outputs stay, the job says why it failed
+        print(f"{job.get('stage')}: error: cannot publish to the artifact store {job['artifacts_root']}: {e}",
+              file=sys.stderr, flush=True)
+        return 1
+    for manifest in published:
         print(f"published {manifest['name']}:v{manifest['version']} -> {manifest['path']}")
     return 0
 

@@ -118,7 +118,11 @@ def _blend_problems(key: str, path: str) -> list[str]:
             blend = json.load(f)
     except ValueError as e:
         return [f"{key} {path} is not valid JSON ({e})"]
+    if not isinstance(blend, dict):
+        return [f"{key} {path} is not a blend (a JSON object of splits)"]
     prefixes = [p for split in blend.values() if isinstance(split, list) for p in split if isinstance(p, str)]
+    if not prefixes:
+        return [f"{key} {path} names no data files"]
     missing = [p for p in prefixes for ext in (".bin", ".idx") if not os.access(p + ext, os.R_OK)]
     return [f"{len(missing)} data file(s) of {path} unreadable, e.g. {missing[0]}"] if missing else []
 

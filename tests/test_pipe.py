@@ -16,10 +16,12 @@ def written(home) -> list:
 def test_tiny_pipe_dry_run_wires_each_input_to_the_step_that_makes_it(cli, home):
     r = cli("pipe", "-c", "tiny", "--dry-run")
     assert r.rc == 0, r.err
-    steps = re.findall(r"^  \d\. (\S+) +ultra3 ([a-z ]+) -c tiny  \[run as (\S+?)(?:, after (\S+))?\]$", r.out, re.M)
+    steps = re.findall(r"^  \d\. (\S+) +ultra3 ([a-z ]+) -c tiny  \[run as (\S+?)(?:, after (.+))?\]$", r.out, re.M)
+    # each after the step before it, and after every step whose output it reads
     assert [(s[0], s[1], s[3]) for s in steps] == [
         ("data-pretrain", "data prep pretrain", ""), ("pretrain", "pretrain", "data-pretrain"),
-        ("data-sft", "data prep sft", "pretrain"), ("sft", "sft", "data-sft"), ("quantize", "quantize", "sft")]
+        ("data-sft", "data prep sft", "pretrain"), ("sft", "sft", "pretrain, data-sft"),
+        ("quantize", "quantize", "data-sft, sft")]
     ids = {s[0]: s[2] for s in steps}
     wired = dict(re.findall(r"^       (\S+) = (\S+)  \(from pipe step \S+ \(", r.out, re.M))
     assert wired["dataset.blend_path"].endswith(f"/{ids['data-pretrain']}/data/blend.json")
@@ -109,3 +111,35 @@ def test_on_this_machine_the_steps_run_in_turn_and_stop_at_the_first_failure(cli
     again = cli("pipe", "-c", str(pipe))  # resumes where it stopped: the data step is not redone
     assert again.rc == 3 and re.search(r"^data: skipped, done by ultra3-data-prep-pretrain_\S+ "
                                        r"\(ultra3-pretrain-data-tiny-sample-20:v1\)$", again.out, re.M), again.out
+
+
+def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli, home, tmp_path):
+    """data-sft already done (its digest in the store): sft still waits for pretrain, whose checkpoint it reads."""
+    from recipes.contract import artifact_name, publish
+    from ultra3.compile import Options, artifact_store, compile_job
+    from ultra3.stages import find_stage
+
+    done = compile_job(find_stage("data prep sft"), Options(config="tiny"))
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    publish(artifact_store(done).root, {"format": 1, "name": artifact_name("sft-data", "tiny"), "type": "sft-data",
+                                        "path": str(packed), "producer": "ultra3-data-prep-sft_20260101-000000-aaaaaa",
+                                        "profile": None, "config_digest": done.digest, "config": "tiny",
+                                        "stage": "data prep sft", "created_ts": 1.0, "inputs": [], "metadata": {}})
+    r = cli("pipe", "-c", "tiny", "--dry-run")
+    assert r.rc == 0, r.err
+    assert re.search(r"^  3\. data-sft +ultra3 data prep sft -c tiny  \[skip: done by "
+                     r"ultra3-data-prep-sft_20260101-000000-aaaaaa \(ultra3-sft-data-tiny:v1\)", r.out, re.M), r.out
+    assert re.search(r"^  4\. sft +ultra3 sft -c tiny  \[run as \S+, after pretrain\]$", r.out, re.M), r.out
+    assert f"dataset.packed_dir = {packed}  (from ultra3-data-prep-sft_20260101-000000-aaaaaa completed" in r.out
+
+
+def test_a_step_that_declares_no_output_is_not_replaced_by_an_older_artifact(cli, home, tmp_path):
+    pipe = tmp_path / "nosave.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": {
+        "pretrain": {"stage": "pretrain", "config": "tiny", "overrides": {"checkpoint.save": None}},
+        "sft": {"stage": "sft", "config": "tiny"}}}))
+    r = cli("pipe", "-c", str(pipe), "--dry-run")
+    assert r.rc == 2
+    assert "error: sft: recipe.pretrained_checkpoint: step pretrain declares no output for it (its output key, e.g. " \
+           "checkpoint.save, is unset); set that, or set sft.recipe.pretrained_checkpoint" in r.err_lines, r.err

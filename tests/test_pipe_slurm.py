@@ -19,7 +19,7 @@ from test_slurm_jobs import jobs, sacct_states, wait_state
 
 pytestmark = pytest.mark.slurm
 
-SUBMITTED = re.compile(r"^(\S+): submitted (\S+) \(Slurm job (\d+)(?:, after (\d+))?\)$", re.M)
+SUBMITTED = re.compile(r"^(\S+): submitted (\S+) \(Slurm job (\d+)(?:, after ([\d, ]+))?\)$", re.M)
 CPU_CHAIN = {"stages": {
     "data-pretrain": {"stage": "data prep pretrain", "config": "tiny"},
     "data-sft": {"stage": "data prep sft", "config": "tiny"},
@@ -37,7 +37,7 @@ def _cancel_leftovers():
 
 
 def submitted(out: str) -> dict[str, tuple[str, str, str | None]]:
-    """step -> (job id, Slurm id, the Slurm id it waits for)."""
+    """step -> (job id, Slurm id, the Slurm ids it waits for)."""
     return {m[0]: (m[1], m[2], m[3]) for m in SUBMITTED.findall(out)}
 
 
@@ -119,8 +119,9 @@ def test_a_failed_step_cancels_the_rest_with_the_reason(slurm, cli, home):
     states = sacct_states([s for _, s, _ in steps.values()])
     ids = [s for _, s, _ in steps.values()]
     assert [states[i] for i in ids] == ["COMPLETED", "FAILED", "CANCELLED", "CANCELLED", "CANCELLED"], states
-    upstream = {"data-sft": ("pretrain", "FAILED"), "sft": ("data-sft", "CANCELLED"),
-                "quantize": ("sft", "CANCELLED")}
+    # sft waits for pretrain (its checkpoint) and data-sft (the step before): the failed one is the reason
+    upstream = {"data-sft": ("pretrain", "FAILED"), "sft": ("pretrain", "FAILED"),
+                "quantize": ("data-sft", "CANCELLED")}
     for step, (before, state) in upstream.items():
         st = wait_state(cli, steps[step][0], "CANCELLED", timeout=30)
         assert st["upstream"] == f"upstream {steps[before][0]} {state}", st

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import ARTIFACT_FORMAT, artifact_name, read_store, resolve_ref, sample_dir
+from .contract import artifact_name, is_manifest, read_store, resolve_ref, sample_dir
+from .errors import ClusterError
 from .findings import Report
 from .stages import Input, Stage, producers
 
@@ -50,22 +51,22 @@ class Store:
         return self._manifests
 
     def _remote(self) -> list[dict]:
-        from .errors import ClusterError
         from .executors.commands import run
 
         find = ["find", self.root, "-mindepth", "3", "-maxdepth", "3", "-path", "*/v*/manifest.json",
                 "-exec", "cat", "{}", "+"]
-        try:
-            out = run(find, self.ssh).stdout
-        except ClusterError:
-            return []
+        done = run(["test", "-d", self.root], self.ssh, timeout=60)
+        if done.returncode not in (0, 1):  # 1: no store yet; else ssh itself failed
+            raise ClusterError(f"cannot read the artifact store {self.root} on {self.ssh['host']}: "
+                               f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'ssh failed'}")
+        out = run(find, self.ssh, timeout=300).stdout if done.returncode == 0 else ""
         found = []
         for line in out.splitlines():  # a manifest is one JSON object on one line
             try:
                 manifest = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(manifest, dict) and manifest.get("format") == ARTIFACT_FORMAT:
+            if is_manifest(manifest):
                 found.append(manifest)
         return sorted(found, key=lambda m: (m.get("created_ts", 0), m.get("version", 0)), reverse=True)
 
@@ -197,7 +198,7 @@ def produces(stage: Stage, config: dict[str, Any]) -> list[dict]:
         if base in (None, ""):
             continue
         folder = sample_dir(f"${{{o.key}}}", sample)
-        out.append({"name": artifact_name(o.kind, get(config, "job.config"), sample), "kind": o.kind,
+        out.append({"name": artifact_name(o.kind, str(get(config, "job.config")), sample), "kind": o.kind,
                     "path": f"{folder}/{o.file}" if o.file else folder})
     return out
 

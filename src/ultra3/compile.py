@@ -11,6 +11,7 @@ from typing import Any, Literal
 from . import artifacts, executors
 from . import schema as schemas
 from .artifacts import Source
+from .contract import NAME
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .errors import InvalidConfig
 from .findings import Report
@@ -165,6 +166,10 @@ def _settle_inputs(job: Job) -> None:
             job.flat[inp.key] = src.path
     artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report)
     produced = artifacts.produces(job.stage, job.config)
+    for made in produced:  # a config file's name becomes part of its artifacts' names
+        if not NAME.match(made["name"]):
+            job.report.error("--config", f"{job.config_path.name}: its outputs would be published as {made['name']!r}; "
+                                         "name the config file with letters, digits, '.', '_' and '-' only")
     settled = {"inputs": artifacts.job_inputs(job.stage, job.config, job.sources, profile),
                "digest": artifacts.digest(job.config, job.stage, job.sources), "artifacts_root": store.root}
     for key, value in settled.items():

@@ -6,6 +6,7 @@ import sys
 import time
 
 from . import jobs, records
+from .errors import LauncherError
 
 
 def _age(ts: float) -> str:
@@ -58,9 +59,12 @@ def show_logs(ref: str, follow: bool) -> None:
 
 def cancel_job(ref: str) -> None:
     if pipe := _pipe(ref):
-        for step in pipe["steps"]:
+        for step in pipe["steps"]:  # every step, even when one of them cannot be
             print(f"{step['id']}: ", end="")
-            cancel_job(step["job"])
+            try:
+                cancel_job(step["job"])
+            except LauncherError as e:
+                print(f"not cancelled: {e}")
         return
     r = records.find(ref)
     before = jobs.state(r)

@@ -19,7 +19,7 @@ from typing import Any
 from . import artifacts
 from .artifacts import Source
 from .compile import Job, Options, compile_job
-from .config import Layer, find_config, flatten, read_yaml
+from .config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
 from .errors import InvalidConfig, JobFailed, UserError
 from .findings import Finding
 from .paths import state_home
@@ -123,6 +123,7 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     before, chosen = _select(entries, options.start, options.stop)
     per_step = _split_overrides(options.overrides, entries)
     made: dict[str, Source] = {}  # artifact kind -> the newest maker in the chain so far
+    unmade: dict[str, str] = {}  # artifact kind -> the step that would make it but declares no output
     findings: list[Finding] = []
     steps: list[Step] = []
     for entry in before + chosen:
@@ -133,7 +134,10 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
         try:
             job = compile_job(entry.stage, stage_options)
         except InvalidConfig as e:
-            findings += [Finding(f.level, f"{entry.id}: {f.key}", f.message) for f in e.findings]
+            unmade_keys = {inp.key: unmade[k] for inp in entry.stage.inputs for k in inp.kinds if k in unmade}
+            findings += [Finding(f.level, f"{entry.id}: {f.key}", _unmade(unmade_keys[f.key], entry, f.key)
+                                 if f.key in unmade_keys and f.message.startswith("no ") else f.message)
+                         for f in e.findings]
             job = None
         except UserError as e:
             findings.append(Finding("error", entry.id, str(e)))
@@ -144,16 +148,45 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
         if entry in before and job and not step.reused:
             findings.append(Finding("error", entry.id, f"--from {options.start}: this earlier step has no completed "
                                                        "run of this config; start from it or leave --from out"))
+        if job:
+            findings += _unmade_inputs(entry, job, unmade, stage_options.pipe_layer.source)
         if job and not step.skipped:
             step.job_id = _new_id(job)
-            step.after = [s for s in steps[-1:] if not s.skipped]
+            # after the nearest earlier step that runs (the chain's order), and after every step whose
+            # output it consumes (a skipped step in between must not cut that edge)
+            running = [s for s in steps if not s.skipped and s.job]
+            consumed = {src.producer for src in job.sources if src and src.pending}
+            step.after = [s for s in running if s.job_id in consumed or s is running[-1]]
         step.outputs = _outputs(step)
         made.update(step.outputs)
+        for kind in {o.kind for o in entry.stage.outputs}:  # kinds this step could make but does not
+            if kind in step.outputs:
+                unmade.pop(kind, None)
+            elif job:
+                unmade[kind] = entry.id
+                made.pop(kind, None)
         if entry in chosen:
             steps.append(step)
     if findings and any(f.level == "error" for f in findings):
         raise InvalidConfig([f for f in findings if f.level == "error"])
     return path, steps
+
+
+def _unmade_inputs(entry: Entry, job: Job, unmade: dict[str, str], pipe_source: str) -> list[Finding]:
+    """A needed input whose nearest maker in the chain declares no output of its kind (checkpoint.save
+    unset) must not quietly fall back to an older artifact of the store."""
+    found = []
+    for inp, src in zip(entry.stage.inputs, job.sources):
+        step = next((unmade[k] for k in inp.kinds if k in unmade), None)
+        explicit = job.origin.get(inp.key) in (CLI_SOURCE, pipe_source)
+        if step and artifacts.needed(inp, job.config) and not explicit and not (src and src.pending):
+            found.append(Finding("error", f"{entry.id}: {inp.key}", _unmade(step, entry, inp.key)))
+    return found
+
+
+def _unmade(step: str, entry: Entry, key: str) -> str:
+    return f"step {step} declares no output for it (its output key, e.g. checkpoint.save, is unset); set that, " \
+           f"or set {entry.id}.{key}"
 
 
 def _completed(job: Job, stage: Stage) -> list[dict]:
@@ -315,6 +348,8 @@ def pipes_dir() -> Path:
 
 
 def _save_pipe(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any]) -> None:
+    if not records:
+        return  # nothing was submitted
     pipes_dir().mkdir(parents=True, exist_ok=True)
     body = {"id": pipe_id, "config": str(path), "submitted": time.time(),
             "steps": [{"id": s.entry.id, "stage": s.entry.stage.name, "job": records[s.entry.id].id}

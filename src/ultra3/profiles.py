@@ -111,10 +111,10 @@ def artifacts_root(tables: dict[str, Any], path: Path) -> str | None:
     table = tables.get("artifacts") or {}
     manifest = table.get("manifest")
     root = manifest.get("root") if isinstance(manifest, dict) else table.get("manifest.root")
-    if root is not None and (not isinstance(root, str) or not root.strip() or "://" in root):
+    if root is not None and (not isinstance(root, str) or not root.startswith("/") or "://" in root):
         raise UserError(f"{path} [artifacts] manifest.root: {root!r} is not a directory path; give an absolute "
                         "path on the cluster's shared file system")
-    return os.path.expanduser(root) if root else None
+    return root or None
 
 
 def check_run_keys(values: dict[str, Any], executor: str, report: Report, origin: dict[str, str],

@@ -76,7 +76,8 @@ def _upstream_reason(record: JobRecord, by_id: dict[str, State]) -> None:
     st = by_id[record.id]
     if st.state not in ("CANCELLED", "PENDING") or (st.state == "PENDING" and not st.reason.startswith("Dependency")):
         return
-    for job_id in record.after:
+    # a failed upstream before a cancelled one: the reason, not another victim of it
+    for job_id in sorted(record.after, key=lambda j: (by_id.get(j) or State("")).state == "CANCELLED"):
         up = by_id.get(job_id)
         if up is None or up.state == "COMPLETED" or (st.state == "CANCELLED" and not up.done):
             continue
