@@ -6,6 +6,7 @@ dotlist of each shipped config matches its golden file (tests/golden/overrides-*
 from __future__ import annotations
 
 import ast
+import re
 import os
 from pathlib import Path
 
@@ -90,8 +91,9 @@ def test_data_and_checkpoint_wiring(home):
     pretrain, sft = TRAINING
     p = plan.make_plan(job_config(home, pretrain, "default"))
     assert p.blend_path == "/lustre/data/blend.json" and p.dataset is None
-    # every submission of this config saves to and resumes from the same place
-    assert "checkpoint.load='/jobs/outputs/ultra3-pretrain/default/checkpoints'" in p.overrides
+    # every submission of this config saves to and resumes from the same place, named by its digest
+    assert any(re.fullmatch(r"checkpoint.load='/jobs/outputs/ultra3-pretrain/default-[0-9a-f]{16}/checkpoints'", o)
+               for o in p.overrides), p.overrides
     assert not any(o.startswith(("logger.wandb", "dataset.blend_path")) for o in p.overrides)
     mock = plan.make_plan(job_config(home, pretrain, "tiny"))
     assert mock.blend_path is None and "dataset.mock=true" in mock.overrides and mock.model_source == "keys"
@@ -171,12 +173,17 @@ def test_tiny_model_config_goes_through_the_bridge_mapping(home):
 
 
 @pytest.mark.parametrize(("config", "save"), [
-    ("default", "/r/experiments/outputs/ultra3-pretrain/default/checkpoints"),  # every submission resumes here
+    ("default", "/r/experiments/outputs/ultra3-pretrain/default-{digest}/checkpoints"),  # every submission resumes here
     ("tiny", "/r/experiments/ultra3-pretrain/{job}/checkpoints"),  # a smoke test starts afresh
 ])
 def test_checkpoint_dir_is_shared_by_resubmissions_of_a_real_run(home, config, save):
     stage = next(s for s in TRAINING if s.name == "pretrain")
     job = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", "default")))
+    again = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", "default")))
+    changed = compile_job(stage, Options(config=config, batch="blackwell",
+                                         overrides=[*inputs("pretrain", "default"), "optimizer.lr=1e-4"]))
+    assert again.digest == job.digest != changed.digest  # a changed config never resumes the old run's checkpoints
+    save = save.replace("{digest}", job.digest)
     for job_id in ("job1", "job2"):
         cfg = job.with_job({"id": job_id, "dir": f"/r/experiments/ultra3-pretrain/{job_id}"})
         assert cfg["checkpoint"]["save"] == save.format(job=job_id)

@@ -24,7 +24,8 @@ from .validation.precision import settle as settle_precision
 Mode = Literal["local", "attached", "detached"]
 JOB_DIR_PLACEHOLDER = "@JOB_DIR@"
 # job.outputs, the stable home of a stage's outputs (checkpoints) across submissions of one config:
-# <job root>/outputs/<stage>/<config>, the job root being the directory above the stage's job dirs
+# <job root>/outputs/<stage>/<config>-<digest>, the job root being the directory above the stage's job
+# dirs: a re-submission of the same config resumes there, a changed config (or inputs) starts afresh
 OUTPUTS_PLACEHOLDER = "@OUTPUTS@"
 THIS_MACHINE = "this machine"
 
@@ -165,18 +166,37 @@ def _settle_inputs(job: Job) -> None:
         if src:
             job.flat[inp.key] = src.path
     artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report)
+    digest = artifacts.digest(job.config, job.stage, job.sources)
+    _address_outputs(job, digest)
     produced = artifacts.produces(job.stage, job.config)
     for made in produced:  # a config file's name becomes part of its artifacts' names
         if not NAME.match(made["name"]):
             job.report.error("--config", f"{job.config_path.name}: its outputs would be published as {made['name']!r}; "
                                          "name the config file with letters, digits, '.', '_' and '-' only")
     settled = {"inputs": artifacts.job_inputs(job.stage, job.config, job.sources, profile),
-               "digest": artifacts.digest(job.config, job.stage, job.sources), "artifacts_root": store.root}
+               "digest": digest, "artifacts_root": store.root}
     for key, value in settled.items():
         job.flat[f"job.{key}"] = value
         job.config["job"][key] = value
     job.flat["job.produces"] = produced  # paths interpolated when the job dir is known (with_job)
     job.config["job"]["produces"] = [{**o, "path": artifacts.interpolate(o["path"], job.config)} for o in produced]
+
+
+def _address_outputs(job: Job, digest: str) -> None:
+    """job.outputs gets the config digest: in the job's resolved values, and in the value `${job.outputs}`
+    resolves from when the job dir is known."""
+    old = job.flat["job.outputs"]
+    new = f"{old}-{digest}"
+    job.flat["job.outputs"] = new
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: moved(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [moved(v) for v in node]
+        return new + node[len(old):] if isinstance(node, str) and (node == old or node.startswith(old + "/")) else node
+
+    job.config.update(moved(job.config))
 
 
 def artifact_store(job: Job) -> artifacts.Store:
