@@ -2,8 +2,9 @@
 
 The whole chain is compiled and checked before anything is submitted. A stage whose config digest
 already completed for this profile is skipped and its artifacts reused (--force re-runs it). On Slurm
-every stage is submitted at once, each after the one before it (afterok, cancelled by Slurm when that
-one fails); elsewhere the stages run one after another and the pipe stops at the first failure.
+every stage is submitted at once, each after the step before it and the steps whose outputs it reads
+(afterok; Slurm cancels it when one of those fails); elsewhere the stages run one after another and the
+pipe stops at the first failure.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ def print_plan(path: Path, steps: list, options, out: TextIO = sys.stdout) -> No
     where = f"profile '{first.profile.name}' ({first.executor})" if first.profile else "local (this machine)"
     chains = executor(first.executor).chains
     out.write(f"ultra3 pipe: config {path.stem} ({path.name}), {where}, mode {options.mode}\n")
-    out.write(f"steps, in order ({'submitted at once, each after the one before it: afterok' if chains else 'run one after another, stopping at the first failure'}):\n")
+    out.write(f"steps, in order ({'submitted at once, each after the step before it and those it reads from: afterok' if chains else 'run one after another, stopping at the first failure'}):\n")
     width = max(len(s.entry.id) for s in steps)
     for n, step in enumerate(steps, 1):
         job = step.job
