@@ -58,77 +58,22 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-from .dataprep import chat, conversations, inputs, shards
+from .dataprep import chat, conversations, inputs
 from .dataprep import packed_parquet as pp
 from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster, where
 from .dataprep.errors import BadRecordError, DataPrepError
-from .dataprep.settings import (Common, Dataset, bool_value, cli, common_values, dataset_entries, int_value,
-                                load_config, resolve_files, str_value)
+from .dataprep.sft_outdir import FORMAT, STAGING, prepare_output, publish
+from .dataprep.sft_report import split_stats, summary
+from .dataprep.sft_settings import PROG, Settings, parse_settings
+from .dataprep.settings import cli, load_config, resolve_files
 
-PROG = "ultra3 data prep sft"
-FORMAT = "ultra3-sft-packed-parquet/1"
 PART_RECORDS = (256, 20000)  # records per tokenize task: at least, at most
 PART_BYTES = 128 << 20  # input bytes per tokenize task, at most (JSONL files: see JSONL_SPLITS)
 JSONL_SPLITS = 8  # a JSONL file is read by at most this many tasks (each decompresses the file up to its start)
-STAGING = ".staging-"
-
-
-@dataclass
-class Settings(Common):
-    chat_template: str
-    pack_size: int
-    pad_seq_to_mult: int
-    truncate: bool
-    valid_ratio: float
-    test_ratio: float
-    seed: int
-    row_group_size: int | None
-
-
-# ---- config --------------------------------------------------------------------------------------------
-
-def _ratio(cfg: dict, key: str, default: float) -> float:
-    value = cfg.get(key, default)
-    if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise DataPrepError(f"{key} must be a number in [0, 1), not {value!r}")
-    return float(value)
-
-
-def parse_settings(cfg: dict) -> Settings:
-    if not isinstance(cfg, dict):
-        raise DataPrepError("the config is not a mapping")
-    datasets = [Dataset(*d) for d in dataset_entries(cfg, "messages_field", "messages",
-                                                         "the conversation sets to pack ({name, path, weight})")]
-    pack_size = cfg.get("pack_size")
-    if pack_size is None:
-        raise DataPrepError("pack_size is not set (tokens per pack: the training sequence length)")
-    pack_size = int_value(cfg, "pack_size", None, 2)
-    mult = int_value(cfg, "pad_seq_to_mult", 1, 1)
-    if pack_size % mult:
-        raise DataPrepError(f"pack_size {pack_size} is not a multiple of pad_seq_to_mult {mult}")
-    valid, test = _ratio(cfg, "valid_ratio", 0.01), _ratio(cfg, "test_ratio", 0.01)
-    if valid + test >= 1:
-        raise DataPrepError(f"valid_ratio + test_ratio = {valid + test} leaves nothing to train on")
-    seed = cfg.get("seed", 1234)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise DataPrepError(f"seed must be an integer >= 0, not {seed!r}")
-    return Settings(
-        **common_values(cfg, datasets, 128),
-        chat_template=str_value(cfg, "chat_template", "nemotron3") or "nemotron3",
-        pack_size=pack_size,
-        pad_seq_to_mult=mult,
-        truncate=bool_value(cfg, "truncate", True),
-        valid_ratio=valid,
-        test_ratio=test,
-        seed=seed,
-        row_group_size=int_value(cfg, "row_group_size", None, 1, allow_none=True),
-    )
 
 
 # ---- inputs and plan -----------------------------------------------------------------------------------
@@ -248,77 +193,6 @@ def gather(settings: Settings, parts: list, results: list):
     corpus = out_.Corpus(**{k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in cols.items()})
     corpus.key = corpus.key.astype(np.uint64)
     return corpus, per_dataset, bad_total
-
-
-def prepare_output(settings: Settings, fp: str) -> bool:
-    """False when output_dir already holds this very output (and not `force`); a DataPrepError when it holds
-    something that is not an SFT data-prep output. An output of other inputs or settings is rebuilt."""
-    out = settings.out
-    meta = os.path.join(out, "metadata.json")
-    if os.path.exists(meta):
-        try:
-            with open(meta, encoding="utf-8") as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = None
-        if not isinstance(old, dict) or old.get("format") != FORMAT:
-            raise DataPrepError(f"{meta} is not the metadata of an SFT data-prep output; choose another output_dir")
-        if old.get("fingerprint") == fp and not settings.force:
-            return False
-        if old.get("fingerprint") != fp:
-            print(f"{PROG}: {out} was prepared from other inputs or settings: rebuilding it", flush=True)
-    elif os.path.isdir(out) and not settings.force:
-        leftovers = [n for n in os.listdir(out) if n in out_.SPLITS or n == "packing_metadata.json"]
-        if leftovers:
-            raise DataPrepError(f"{out} holds an unfinished or foreign SFT output ({', '.join(sorted(leftovers))} "
-                                "without metadata.json); set force=true to replace it")
-    return True
-
-
-def publish(settings: Settings, staging: str, metadata: dict, mb_metadata: list) -> None:
-    """Move the finished splits from staging into place; metadata.json, the completion mark, goes last."""
-    out = settings.out
-    meta = os.path.join(out, "metadata.json")
-    if os.path.exists(meta):
-        os.unlink(meta)
-        shards.fsync_dir(out)
-    for name in (*out_.SPLITS, "packing_metadata.json"):
-        target = os.path.join(out, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        elif os.path.exists(target):
-            os.unlink(target)
-    for split in out_.SPLITS:
-        src = os.path.join(staging, split)
-        if os.path.isdir(src):
-            os.replace(src, os.path.join(out, split))
-    shards.write_json(os.path.join(out, "packing_metadata.json"), mb_metadata)
-    shards.write_json(meta, metadata)
-
-
-def split_stats(plan: out_.SplitPlan, corpus: out_.Corpus, pack_size: int, shard_rows: list) -> dict:
-    import numpy as np
-
-    if not plan.packs:
-        return {"packs": 0, "sequences": 0, "shards": []}
-    per_pack = np.add.reduceat(plan.padded - 1, plan.row_offsets[:-1])
-    real = int((plan.stored - 1).sum())
-    seqs_per_pack = np.diff(plan.row_offsets)
-    return {
-        "packs": plan.packs,
-        "sequences": len(plan.seq),
-        "conversations": len(np.unique(plan.seq)),
-        "tokens": int(plan.stored.sum()),
-        "padding_tokens": int((plan.padded - plan.stored).sum()),
-        "loss_tokens": int(sum(r["loss_tokens"] for r in shard_rows)),
-        "packing_efficiency": round(float(per_pack.sum()) / (plan.packs * pack_size), 6),
-        "token_efficiency": round(real / (plan.packs * pack_size), 6),
-        "packing_factor": round(len(plan.seq) / plan.packs, 4),
-        "max_sequences_per_pack": int(seqs_per_pack.max()),
-        "min_pack_tokens": int(per_pack.min()),
-        "max_sequence_tokens": int((plan.padded - 1).max()),
-        "shards": shard_rows,
-    }
 
 
 def run(config_path: str) -> int:
@@ -512,26 +386,6 @@ def _markup_warning(tok_json: str) -> str | None:
         return (f"the tokenizer has no special token {' or '.join(missing)}: the chat markup is tokenized as plain "
                 "text (fine for a smoke test, wrong for a real SFT run)")
     return None
-
-
-def summary(m: dict, out: str, seconds: float, packing_seconds: float) -> str:
-    t = m["totals"]
-    lines = [(f"{PROG}: {t['records']:,} records -> {t['conversations']:,} conversations ({t['bad_records']:,} bad), "
-              f"{t['truncated']:,} truncated, {t['dropped_too_long']:,} dropped as too long, "
-              f"{t['dropped_no_loss']:,} dropped with no trained token left")]
-    for name, st in m["splits"].items():
-        if st["packs"]:
-            lines.append(f"  {name:<5} {st['packs']:>9,} packs in {len(st['shards'])} shard(s), "
-                         f"{st['sequences']:,} sequences, {st['tokens']:,} tokens ({st['loss_tokens']:,} trained); "
-                         f"packing efficiency {100 * st['packing_efficiency']:.2f}%, "
-                         f"{st['packing_factor']:.2f} sequences/pack")
-        else:
-            lines.append(f"  {name:<5} (empty)")
-    for kind, places in m["bad_records"]["examples"].items():
-        lines.append(f"  bad records, {kind}: {m['bad_records']['counts'][kind]:,}; first at " + "; ".join(places))
-    lines.append(f"  wall time {seconds:.1f} s (packing {packing_seconds:.2f} s); "
-                 f"wrote {os.path.join(out, 'metadata.json')}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

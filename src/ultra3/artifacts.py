@@ -113,7 +113,7 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
     sources: list[Source | None] = []
     for inp in stage.inputs:
         value = get(config, inp.key)
-        source = None
+        source, given = None, False
         if inp.unless and get(config, inp.unless):
             pass  # not consumed: mock data, a checkpoint the job makes itself, a resumed run
         elif inp.key in wired and origin.get(inp.key) == wired[inp.key].how:  # the pipe wired it, nothing overrode it
@@ -136,7 +136,7 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
                                       f"{' or '.join(inp.kinds)} (set in {origin.get(inp.key)})")
             source = from_manifest(manifest) if manifest and manifest.get("type") in inp.kinds else None
         elif value not in (None, ""):
-            source = Source(str(value), f"set in {origin.get(inp.key)}")
+            source, given = Source(str(value), f"set in {origin.get(inp.key)}"), True
         elif needed(inp, config):
             manifest = store.newest(inp.kinds, profile, get(config, "job.config"))
             if manifest is None:
@@ -146,7 +146,7 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
                 if manifest.get("config") != get(config, "job.config"):
                     report.note(inp.key, f"no {manifest['type']} of config '{get(config, 'job.config')}'; taking "
                                          f"config '{manifest.get('config')}'s ({source.artifact})")
-        if source and source.how != f"set in {origin.get(inp.key)}":  # resolved: the value and its origin change
+        if source and not given:  # resolved: the value and its origin change
             put(config, inp.key, source.path)
             origin[inp.key] = source.how
         sources.append(source or None)
@@ -164,8 +164,7 @@ def _is_ref(value: str) -> bool:
 
 
 def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store) -> str:
-    makers = [s for kind in inp.kinds for s in producers(kind)]
-    command = f"ultra3 {makers[0].name}{f' --batch {profile}' if profile else ''}" if makers else ""
+    command = hint(inp, profile)
     whose = f"profile '{profile}'" if profile else "this machine"
     first = f"run `{command}` first, or " if command else ""
     skip = f" (not needed when {inp.unless} is set)" if inp.unless else ""

@@ -23,6 +23,7 @@ from .compile import Job, Options, compile_job
 from .config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
 from .errors import InvalidConfig, JobFailed, UserError
 from .findings import Finding
+from .launch.jobdir import new_job_id
 from .paths import state_home
 from .profiles import load_profile
 from .stages import Stage, find_stage
@@ -152,7 +153,7 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
         if job:
             findings += _unmade_inputs(entry, job, unmade, stage_options.pipe_layer.source)
         if job and not step.skipped:
-            step.job_id = _new_id(job)
+            step.job_id = new_job_id(job)
             # after the nearest earlier step that runs (the chain's order), and after every step whose
             # output it consumes (a skipped step in between must not cut that edge)
             running = [s for s in steps if not s.skipped and s.job]
@@ -196,12 +197,6 @@ def _completed(job: Job, stage: Stage) -> list[dict]:
     found = artifact_store(job).completed_with(job.digest, job.profile.name if job.profile else None)
     kinds = {o["kind"] for o in job.config["job"]["produces"]}
     return found if kinds and kinds <= {m.get("type") for m in found} else []
-
-
-def _new_id(job: Job) -> str:
-    from .launch.jobdir import new_job_id
-
-    return new_job_id(job)
 
 
 def _outputs(step: Step) -> dict[str, Source]:
