@@ -64,11 +64,12 @@ from .dataprep import chat, conversations, inputs
 from .dataprep import packed_parquet as pp
 from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
-from .dataprep.cluster import Cluster, where
-from .dataprep.errors import BadRecordError, DataPrepError
+from .dataprep.cluster import Cluster, run_ordered, where
+from .dataprep.errors import DataPrepError
 from .dataprep.sft_outdir import FORMAT, STAGING, prepare_output, publish
 from .dataprep.sft_report import split_stats, summary
 from .dataprep.sft_settings import PROG, Settings, parse_settings
+from .dataprep.shards import missing_dirs
 from .dataprep.settings import cli, load_config, resolve_files
 
 PART_RECORDS = (256, 20000)  # records per tokenize task: at least, at most
@@ -126,43 +127,6 @@ def fingerprint(settings: Settings, sources: dict, tok: tokenization.TokenizerIn
         "tokenizer_sha256": tok.sha256, "pad_id": tok.eod_id, "template_sha256": template_sha,
         **{k: v for k, v in asdict(settings).items() if k not in keep},
     }, sort_keys=True).encode()).hexdigest()
-
-
-# ---- Ray -----------------------------------------------------------------------------------------------
-
-def run_ordered(ray, remote, args: list, workers: int, interval: float, label: str, unit) -> list:
-    """Run remote(*a) for each a in `args`, at most `workers` at a time; results in argument order. A
-    failure is reported once every earlier task has finished, so the error is the first in input order."""
-    results: list = [None] * len(args)
-    failures: dict = {}
-    inflight: dict = {}
-    nxt, done, last = 0, 0, time.time()
-    try:
-        while (nxt < len(args) and not failures) or inflight:
-            while nxt < len(args) and not failures and len(inflight) < workers:
-                inflight[remote.remote(*args[nxt])] = nxt
-                nxt += 1
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
-            for ref in ready:
-                i = inflight.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                    done += 1
-                except Exception as e:  # a RayTaskError; a config/input problem is its cause
-                    cause = getattr(e, "cause", None) or e
-                    if not isinstance(cause, DataPrepError):
-                        raise
-                    failures[i] = cause
-            if time.time() - last >= interval:
-                last = time.time()
-                print(f"{label}: {done}/{len(args)} done, {unit(results)}", flush=True)
-    finally:
-        for ref in inflight:
-            ray.cancel(ref, force=True)
-    if failures:
-        first = failures[min(failures)]
-        raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
-    return results
 
 
 # ---- the run -------------------------------------------------------------------------------------------
@@ -229,7 +193,7 @@ def run(config_path: str) -> int:
               f"{where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
               f"(vocab {tok.vocab_size:,}, pad {tok.eod_token!r}={tok.eod_id}); template {template.name}; "
               f"pack {settings.pack_size:,}, pad_seq_to_mult {settings.pad_seq_to_mult}; output {out}", flush=True)
-        created = _missing_dirs(out)
+        created = missing_dirs(out)
         os.makedirs(out, exist_ok=True)
         for name in os.listdir(out):  # leftovers of interrupted runs
             if name.startswith(STAGING):
@@ -360,18 +324,6 @@ def run(config_path: str) -> int:
         shutil.rmtree(staging, ignore_errors=True)
     print(summary(metadata, out, time.time() - started, t_pack), flush=True)
     return 0
-
-
-def _missing_dirs(path: str) -> list[str]:
-    """`path` and its missing parents, deepest first."""
-    missing = []
-    while path and not os.path.exists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
 
 
 def _markup_warning(tok_json: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ import tempfile
 import time
 
 from . import contract, preflight
-from .contract import HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
+from .contract import GROUP_RESOURCE, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
 
 WAIT_S = 600  # for the other nodes: their preflight, the Ray head's address, every Ray node
 
@@ -176,9 +177,20 @@ def ray_across_nodes(cfg: dict, driver: list[str]) -> int:
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def node_group(cfg: dict, rank: int) -> str | None:
+    """This node's group in the job's layout (`job.node_groups`: [[group, nodes], ...] in node order)."""
+    first = 0
+    for group, count in cfg["job"].get("node_groups") or []:
+        if first <= rank < first + count:
+            return group
+        first += count
+    return None
+
+
 def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.Popen:
-    """`ray start --block` for this node: its Slurm CPUs, no dashboard, free ports (Ray's fixed defaults,
-    such as the dashboard agent's 52365, collide between Rays on one machine)."""
+    """`ray start --block` for this node: its Slurm CPUs and GPUs, its group of the layout as a Ray resource
+    (GROUP_RESOURCE + name, one per node), no dashboard, free ports (Ray's fixed defaults, such as the dashboard
+    agent's 52365, collide between Rays on one machine)."""
     argv = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--disable-usage-stats",
             f"--temp-dir={temp}", "--min-worker-port=0", "--max-worker-port=0",
             f"--dashboard-agent-listen-port={free_port(ip)}", *extra]
@@ -186,6 +198,10 @@ def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.
         argv.append(f"--node-ip-address={ip}")
     if os.environ.get("SLURM_CPUS_ON_NODE"):
         argv.append(f"--num-cpus={os.environ['SLURM_CPUS_ON_NODE']}")
+    if os.environ.get("SLURM_GPUS_ON_NODE"):  # what the allocation grants this node
+        argv.append(f"--num-gpus={os.environ['SLURM_GPUS_ON_NODE']}")
+    if group := node_group(cfg, int(os.environ.get("SLURM_NODEID", "0"))):
+        argv.append("--resources=" + json.dumps({GROUP_RESOURCE + group: 1}))
     if cfg.get("object_store_mb"):
         argv.append(f"--object-store-memory={int(cfg['object_store_mb']) << 20}")
     print("+ " + " ".join(argv))

@@ -87,6 +87,39 @@ def _capability(text: str) -> tuple[int, int]:
     return (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else (0, 0)
 
 
+def shared_dir(cfg: dict) -> str | None:
+    """The job dir, which the nodes share (Ray's meeting files, NeMo RL's logs and checkpoints), writable here."""
+    folder = (cfg.get("job") or {}).get("dir") or "."
+    probe = os.path.join(folder, f".write-test-{socket.gethostname()}-{os.getpid()}")
+    try:
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        return f"the job dir {folder} is not writable from {socket.gethostname()} ({e.strerror}); put job_dir on a " \
+               "filesystem every node mounts read-write"
+    return None
+
+
+def nemo_rl(cfg: dict) -> str | None:
+    """NeMo RL in the job's Python, its checkout at nemo_rl_dir holding the recipe, at the commit the launcher's
+    record was made from (when the checkout says which it is)."""
+    job, folder = cfg.get("job") or {}, str(cfg.get("nemo_rl_dir") or "")
+    if err := _importable("nemo_rl"):
+        return (f"NeMo RL is not importable ({err}); run in the NeMo RL container (set container_image in the "
+                f"profile) with its checkout at nemo_rl_dir={folder}")
+    recipe = os.path.join(folder, "examples", "nemo_gym", "nemotron-3-ultra", f"{cfg.get('recipe')}.yaml")
+    if not os.path.isfile(recipe):
+        return f"no {recipe}: nemo_rl_dir={folder} is not a NeMo RL checkout with the Ultra recipes"
+    head = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60) \
+        if shutil.which("git") and os.path.exists(os.path.join(folder, ".git")) else None
+    pinned = str(job.get("nemo_rl_commit") or "")
+    if head and head.returncode == 0 and pinned and head.stdout.strip() != pinned:
+        return (f"NeMo RL at {folder} is at {head.stdout.strip()[:12]}, the launcher's record of its configs is "
+                f"of {pinned[:12]}; use a container built at that commit")
+    return None
+
+
 def inputs(cfg: dict) -> str | None:
     """The job's inputs (`job.inputs`, resolved by the launcher): each required one set, each set one readable."""
     problems = []
@@ -166,7 +199,7 @@ def _parents(path: str) -> list[str]:
 
 
 CHECKS = {check.__name__: check for check in (python_version, training_packages, quantize_packages, gpus, inputs,
-                                              data_prep_packages, data_prep_inputs)}
+                                              data_prep_packages, data_prep_inputs, shared_dir, nemo_rl)}
 # for a config without job.checks (written by an older launcher): the checks of its launch kind
 BY_LAUNCH = {
     "torchrun": ("python_version", "training_packages", "gpus", "inputs"),

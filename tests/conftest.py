@@ -138,7 +138,14 @@ def free_ports(n: int) -> list[int]:
 INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
           ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
           ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"]}
+RL_INPUTS = {"rl rlvr": ["policy=/lustre/ckpt/sft-hf", "data.dir=/lustre/data/rl"],
+             "rl teacher": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"],
+             "rl mopd": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl", "teachers.general=/lustre/ckpt/rlvr-hf"]}
+RL_EXTRA = {("rl teacher", "swe"): ["sif_dir=/lustre/sif"]}
+RL_JUDGES = ["judges.genrm_model=/lustre/models/genrm"]  # GenRM has no public default
 
 
 def inputs(stage: str, config: str) -> list[str]:
-    return INPUTS.get((stage, config), [])
+    """What the stage's inputs need on the command line for a dry run with an empty artifact store."""
+    return (INPUTS.get((stage, config), []) + RL_INPUTS.get(stage, []) + RL_EXTRA.get((stage, config), [])
+            + (RL_JUDGES if stage in RL_INPUTS else []))

@@ -298,8 +298,8 @@ CASES = [
           r"did you mean models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6\?"]),
     Case("quantize-missing-inputs", ["quantize", "-c", "tiny", "make_checkpoint=false",
                                      "bf16_checkpoint=/nonexistent/ultra-bf16", "calibration.path=missing.jsonl"],
-         [r"bf16_checkpoint: /nonexistent/ultra-bf16 does not exist \(set in command line\); run `ultra3 sft` or "
-          r"fix the path",
+         [r"bf16_checkpoint: /nonexistent/ultra-bf16 does not exist \(set in command line\); run `ultra3 rl mopd` "
+          r"or fix the path",
           r"calibration\.path: missing\.jsonl matches no file on this machine; fix the path"]),
     Case("quantize-hf-backend-on-many-gpus", ["quantize", "-c", "tiny", "run.gpus_per_node=8", "--dry-run"],
          [r"backend: the hf backend quantizes in one process, but the job has 1 node\(s\) x 8 GPU\(s\)"]),

@@ -269,8 +269,8 @@ def test_hf_megatron_or_neither_checkpoint_dir(cli, tmp_path):
 def test_unset_checkpoint_comes_from_the_latest_completed_sft_else_pretrain_job(cli, home, tmp_path):
     args = ("quantize", "-c", "tiny", "--dry-run", "make_checkpoint=false", "bf16_checkpoint=null")
     none = cli(*args)
-    assert none.rc == 2 and "error: bf16_checkpoint: no sft-checkpoint or pretrain-checkpoint artifact for this " \
-                              "machine in " in none.err
+    assert none.rc == 2 and "error: bf16_checkpoint: no mopd-policy or rlvr-policy or sft-checkpoint or " \
+                              "pretrain-checkpoint artifact for this machine in " in none.err
     pre = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
     r = cli(*args)
     assert r.rc == 0, r.err

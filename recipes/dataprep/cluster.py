@@ -14,6 +14,9 @@ workers as a runtime-env `py_modules` entry, so they need not see this directory
 Started lazily: a run whose shards are all done, or that stops on a config error, never starts Ray. A run
 that will write shards starts it while the driver counts the inputs and plans on a thread (`start_while`),
 then has the workers start (`warm`: imports, tokenizer) before the first shard is queued.
+
+`run_ordered` runs a list of tasks a few at a time and gives their results, and the first error, in the
+list's order (the SFT and RL data preps).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import logging
 import os
 import signal
 import threading
+import time
+
+from .errors import BadRecordError, DataPrepError
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # recipes/
 WARM_WAIT_S = 10
@@ -171,6 +177,41 @@ def kill_descendants() -> None:
 def _terminate(signum, frame) -> None:
     signal.signal(signum, signal.SIG_IGN)  # a repeat (recipes.launch passes it on) must not cut the cleanup short
     raise SystemExit(128 + signum)
+
+
+def run_ordered(ray, remote, args: list, workers: int, interval: float, label: str, unit) -> list:
+    """Run remote(*a) for each a in `args`, at most `workers` at a time; results in argument order. A
+    failure is reported once every earlier task has finished, so the error is the first in input order."""
+    results: list = [None] * len(args)
+    failures: dict = {}
+    inflight: dict = {}
+    nxt, done, last = 0, 0, time.time()
+    try:
+        while (nxt < len(args) and not failures) or inflight:
+            while nxt < len(args) and not failures and len(inflight) < workers:
+                inflight[remote.remote(*args[nxt])] = nxt
+                nxt += 1
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+            for ref in ready:
+                i = inflight.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                    done += 1
+                except Exception as e:  # a RayTaskError; a config/input problem is its cause
+                    cause = getattr(e, "cause", None) or e
+                    if not isinstance(cause, DataPrepError):
+                        raise
+                    failures[i] = cause
+            if time.time() - last >= interval:
+                last = time.time()
+                print(f"{label}: {done}/{len(args)} done, {unit(results)}", flush=True)
+    finally:
+        for ref in inflight:
+            ray.cancel(ref, force=True)
+    if failures:
+        first = failures[min(failures)]
+        raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
+    return results
 
 
 def where() -> str:

@@ -12,6 +12,8 @@ Which files make a dataset's config and split is read, in this order, from:
    path (`train-00000-of-00004.parquet`, `data/train/…`); a repo whose file names name no split at all is
    all `train`.
 
+`fetch_files` downloads the files a caller picks itself (the RL blends, by name) the same way.
+
 The revision (`revision` of the dataset, default `main`) is pinned to a commit SHA first, so the files
 listed and downloaded are of one commit, and the manifest records it. `HF_TOKEN` in the environment is
 used for gated or private repos.
@@ -125,25 +127,37 @@ def select_data_files(repo: str, files: list[str], configs: list[dict], subset: 
 def resolve_dataset(path: str, split: str, subset: str | None, revision: str | None,
                     cache_dir: str | None) -> tuple[list[str], dict]:
     """Download the data files of an `hf://` dataset; (local paths in repo order, provenance)."""
-    from huggingface_hub import HfApi, hf_hub_download
-
     repo, pattern = parse_hf_path(path)
-    api = HfApi()
-    try:
-        info = api.dataset_info(repo, revision=revision or "main", files_metadata=False)
-        sha = info.sha
-        files = api.list_repo_files(repo, repo_type="dataset", revision=sha)
+
+    def choose(files: list[str], fetch) -> list[str]:
         configs = []
         if pattern is None and "README.md" in files:
-            card = hf_hub_download(repo, "README.md", repo_type="dataset", revision=sha, cache_dir=cache_dir)
-            with open(card, encoding="utf-8", errors="replace") as f:
+            with open(fetch("README.md"), encoding="utf-8", errors="replace") as f:
                 configs = card_configs(f.read())
-        chosen = select_data_files(repo, files, configs, subset, split, pattern)
+        return select_data_files(repo, files, configs, subset, split, pattern)
+
+    return fetch_files(path, revision, cache_dir, choose)
+
+
+def fetch_files(path: str, revision: str | None, cache_dir: str | None, choose) -> tuple[list[str], dict]:
+    """Download the files `choose(files, fetch)` picks among the dataset repo's files at one commit (the
+    revision pinned first; `fetch(name)` downloads one file, for a card); (local paths, provenance)."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    repo, _ = parse_hf_path(path)
+    api = HfApi()
+
+    def fetch(name: str) -> str:
+        return hf_hub_download(repo, name, repo_type="dataset", revision=sha, cache_dir=cache_dir)
+
+    try:
+        sha = api.dataset_info(repo, revision=revision or "main", files_metadata=False).sha
+        files = api.list_repo_files(repo, repo_type="dataset", revision=sha)
+        chosen = choose(files, fetch)
         # one download per file on 8 threads, as snapshot_download does, without matching every file
         # against every other as its allow_patterns would (quadratic for repos of thousands of files)
         with ThreadPoolExecutor(max_workers=8) as pool:
-            local = list(pool.map(lambda f: hf_hub_download(repo, f, repo_type="dataset", revision=sha,
-                                                            cache_dir=cache_dir), chosen))
+            local = list(pool.map(fetch, chosen))
     except DataPrepError:
         raise
     except Exception as e:  # network, auth, missing repo: one line with what failed

@@ -1,6 +1,6 @@
-"""What both data-prep runtimes share before the work starts: the command line (`cli`), reading the config,
-typed config values, the settings both have (`Common`), and finding the input files of the blend (local
-first, then the hub)."""
+"""What the data-prep runtimes share before the work starts: the command line (`cli`), reading the config,
+typed config values, the keys of every run (`Run`), the settings of the tokenizing two (`Common`), and finding
+the input files of the blend (local first, then the hub)."""
 
 from __future__ import annotations
 
@@ -92,13 +92,10 @@ class Dataset:
 
 
 @dataclass
-class Common:
-    """The settings of both runtimes (each adds its own in a subclass)."""
+class Run:
+    """The keys of every data prep (`run_values`): where its output goes and how the run goes."""
 
-    datasets: list
-    tokenizer: str
     output_dir: str
-    num_shards: int
     sample: int | None
     force: bool
     strict: bool
@@ -111,16 +108,32 @@ class Common:
         return os.path.join(self.output_dir, f"sample-{self.sample}") if self.sample else self.output_dir
 
 
+@dataclass
+class Common(Run):
+    """The settings of the two tokenizing runtimes (each adds its own in a subclass)."""
+
+    datasets: list
+    tokenizer: str
+    num_shards: int
+
+
 def common_values(cfg: dict, datasets: list, num_shards: int) -> dict:
     """The fields of Common from the config, checked (`num_shards`: its default)."""
+    return {
+        "datasets": datasets,
+        "tokenizer": str_value(cfg, "tokenizer", required=True),
+        "num_shards": int_value(cfg, "num_shards", num_shards, 1),
+        **run_values(cfg),
+    }
+
+
+def run_values(cfg: dict) -> dict:
+    """The keys every data prep has (where its output goes and how the run goes), checked."""
     interval = cfg.get("progress_interval", 30)
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
         raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
     return {
-        "datasets": datasets,
-        "tokenizer": str_value(cfg, "tokenizer", required=True),
         "output_dir": os.path.abspath(os.path.expanduser(str_value(cfg, "output_dir", required=True))),
-        "num_shards": int_value(cfg, "num_shards", num_shards, 1),
         "sample": int_value(cfg, "sample", None, 1, allow_none=True),
         "force": bool_value(cfg, "force"),
         "strict": bool_value(cfg, "strict"),

@@ -1,6 +1,6 @@
 """The output directory of `ultra3 data prep sft`: kept when it already holds this very output, rebuilt
-when it holds another, refused when it holds something else; the finished splits moved in from staging,
-metadata.json (the completion mark) last."""
+when it holds another, refused when it holds something else (the RL data prep's too); the finished
+splits moved in from staging, metadata.json (the completion mark) last."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import shutil
 from . import shards
 from . import sft_output as out_
 from .errors import DataPrepError
+from .settings import Run
 from .sft_settings import PROG, Settings
 
 FORMAT = "ultra3-sft-packed-parquet/1"
 STAGING = ".staging-"  # where a run writes its splits before they are moved in
 
 
-def prepare_output(settings: Settings, fp: str) -> bool:
+def prepare_output(settings: Run, fp: str, fmt: str = FORMAT, names: tuple = (*out_.SPLITS, "packing_metadata.json"),
+                   prog: str = PROG) -> bool:
     """False when output_dir already holds this very output (and not `force`); a DataPrepError when it holds
-    something that is not an SFT data-prep output. An output of other inputs or settings is rebuilt."""
-    out = settings.out
+    something that is not a data-prep output of `fmt` (`names`: what one holds beside metadata.json). An
+    output of other inputs or settings is rebuilt. The RL data prep uses it too, with its own format."""
+    out, kind = settings.out, prog.rsplit(" ", 1)[-1].upper()
     meta = os.path.join(out, "metadata.json")
     if os.path.exists(meta):
         try:
@@ -28,16 +31,16 @@ def prepare_output(settings: Settings, fp: str) -> bool:
                 old = json.load(f)
         except (OSError, ValueError):
             old = None
-        if not isinstance(old, dict) or old.get("format") != FORMAT:
-            raise DataPrepError(f"{meta} is not the metadata of an SFT data-prep output; choose another output_dir")
+        if not isinstance(old, dict) or old.get("format") != fmt:
+            raise DataPrepError(f"{meta} is not the metadata of an {kind} data-prep output; choose another output_dir")
         if old.get("fingerprint") == fp and not settings.force:
             return False
         if old.get("fingerprint") != fp:
-            print(f"{PROG}: {out} was prepared from other inputs or settings: rebuilding it", flush=True)
+            print(f"{prog}: {out} was prepared from other inputs or settings: rebuilding it", flush=True)
     elif os.path.isdir(out) and not settings.force:
-        leftovers = [n for n in os.listdir(out) if n in out_.SPLITS or n == "packing_metadata.json"]
+        leftovers = [n for n in os.listdir(out) if n in names]
         if leftovers:
-            raise DataPrepError(f"{out} holds an unfinished or foreign SFT output ({', '.join(sorted(leftovers))} "
+            raise DataPrepError(f"{out} holds an unfinished or foreign {kind} output ({', '.join(sorted(leftovers))} "
                                 "without metadata.json); set force=true to replace it")
     return True
 

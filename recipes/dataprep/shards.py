@@ -138,6 +138,18 @@ def write_atomic(path: str, data: bytes) -> None:
     fsync_dir(os.path.dirname(path) or ".")
 
 
+def missing_dirs(path: str) -> list[str]:
+    """`path` and its missing parents, deepest first."""
+    missing = []
+    while path and not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
 def write_json(path: str, obj) -> None:
     write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
 

@@ -100,12 +100,17 @@ def export(checkpoint: str, reference: str, dest: str) -> None:
 
 
 def to_hf(cfg: dict, log) -> str:
-    """`bf16_checkpoint` as a Hugging Face checkpoint: itself, or its export under the job dir (made by the first
-    rank, once: a re-run reuses it; the other ranks wait for it)."""
+    """`bf16_checkpoint` as a Hugging Face checkpoint: itself, or its export under the job dir."""
     ckpt = cfg.get("bf16_checkpoint")
     if not ckpt or cfg.get("make_checkpoint") or not is_megatron(ckpt):
         return ckpt
     dest = os.path.join((cfg.get("job") or {}).get("dir") or os.path.dirname(cfg["output_dir"]), EXPORT_DIR)
+    return export_once(ckpt, dest, "bf16_checkpoint", log)
+
+
+def export_once(ckpt: str, dest: str, key: str, log) -> str:
+    """The Megatron checkpoint `ckpt` (the value of config key `key`) exported to Hugging Face at `dest`, made
+    by the first rank, once: a re-run reuses it; the other ranks wait for it."""
     if os.path.isdir(dest):
         log(f"{ckpt} is a Megatron checkpoint: using its Hugging Face export {dest}")
         return dest
@@ -117,8 +122,8 @@ def to_hf(cfg: dict, log) -> str:
     try:
         import megatron.bridge  # noqa: F401
     except ImportError:
-        raise QuantizeError(f"bf16_checkpoint: {ckpt} is a Megatron checkpoint, and exporting it needs "
-                            "Megatron-Bridge: run in the training container") from None
+        raise QuantizeError(f"{key}: {ckpt} is a Megatron checkpoint, and exporting it needs "
+                            "Megatron-Bridge: run in a container that has it") from None
     partial = f"{dest}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     reference = reference_model(train, code_dir, f"{dest}.reference")

@@ -70,10 +70,11 @@ class Store:
                 found.append(manifest)
         return sorted(found, key=lambda m: (m.get("created_ts", 0), m.get("version", 0)), reverse=True)
 
-    def newest(self, kinds: tuple[str, ...], profile: str | None, config: str) -> dict | None:
+    def newest(self, kinds: tuple[str, ...], profile: str | None, config: str, only: bool = False) -> dict | None:
+        """The newest artifact of the first kind that has any, preferring (or, `only`, requiring) `config`'s."""
         for kind in kinds:  # the first kind with any artifact wins (sft before pretrain checkpoints)
             mine = [m for m in self.manifests() if m.get("type") == kind and m.get("profile") == profile
-                    and not m.get("sample")]
+                    and not m.get("sample") and (not only or m.get("config") == config)]
             if mine:
                 return next((m for m in mine if m.get("config") == config), mine[0])
         return None
@@ -137,13 +138,14 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             source = from_manifest(manifest) if manifest and manifest.get("type") in inp.kinds else None
         elif value not in (None, ""):
             source, given = Source(str(value), f"set in {origin.get(inp.key)}"), True
-        elif needed(inp, config):
-            manifest = store.newest(inp.kinds, profile, get(config, "job.config"))
+        elif needed(inp, config) or inp.config:
+            manifest = store.newest(inp.kinds, profile, inp.config or get(config, "job.config"), only=bool(inp.config))
             if manifest is None:
-                report.error(inp.key, _nothing_found(stage, inp, profile, store))
+                if needed(inp, config):
+                    report.error(inp.key, _nothing_found(stage, inp, profile, store))
             else:
                 source = from_manifest(manifest)
-                if manifest.get("config") != get(config, "job.config"):
+                if manifest.get("config") != (inp.config or get(config, "job.config")):
                     report.note(inp.key, f"no {manifest['type']} of config '{get(config, 'job.config')}'; taking "
                                          f"config '{manifest.get('config')}'s ({source.artifact})")
         if source and not given:  # resolved: the value and its origin change

@@ -121,13 +121,14 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
 
 @_with_shared_options
 def _group_callback(ctx: typer.Context, **options) -> None:
-    """Nemotron 3 Ultra training recipe: pretrain, sft, data prep and quantize stages, and pipes of them.
+    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep and quantize stages, and pipes of them.
 
     \b
     Examples:
       ultra3 pretrain -c tiny --dry-run
       ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/blend.json
       ultra3 sft -c tiny --run mycluster
+      ultra3 rl mopd --batch mycluster --dry-run
       ultra3 pipe -c tiny --dry-run
       nemotron jobs list
     """
@@ -185,7 +186,8 @@ def build_ultra3() -> typer.Typer:
         for depth in range(1, len(stage.words)):
             prefix = stage.words[:depth]
             if prefix not in groups:
-                sub = _typer(prefix[-1], f"{' '.join(prefix).capitalize()} stages.")
+                under = dict.fromkeys(s.words[depth] for s in STAGES if s.words[:depth] == prefix)
+                sub = _typer(prefix[-1], f"The `{' '.join(prefix)}` commands: {', '.join(under)}.")
                 groups[prefix[:-1]].add_typer(sub, name=prefix[-1])
                 groups[prefix] = sub
         cls = type(f"{stage.slug}Command", (StageCommand,), {"stage": stage})
@@ -239,7 +241,7 @@ def build_jobs() -> typer.Typer:
 def build_nemotron() -> typer.Typer:
     app = _typer("nemotron", "Nemotron training recipes launcher.")
     app.callback()(lambda: None)
-    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, data prep, quantize, pipe.")
+    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, rl, data prep, quantize, pipe.")
     app.add_typer(build_jobs(), name="jobs")
     return app
 

@@ -166,6 +166,8 @@ def _settle_inputs(job: Job) -> None:
         if src:
             job.flat[inp.key] = src.path
     artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report)
+    if settle := job.stage.settle_hook():  # keys derived from the inputs, before the outputs are addressed
+        settle(job)
     digest = artifacts.digest(job.config, job.stage, job.sources)
     _address_outputs(job, digest)
     produced = artifacts.produces(job.stage, job.config)
@@ -183,10 +185,17 @@ def _settle_inputs(job: Job) -> None:
 
 
 def _address_outputs(job: Job, digest: str) -> None:
-    """job.outputs gets the config digest: in the job's resolved values, and in the value `${job.outputs}`
-    resolves from when the job dir is known."""
+    """job.outputs gets the config digest (or, for a stage whose outputs are an experiment's, that experiment's
+    name): in the job's resolved values, and in the value `${job.outputs}` resolves from when the job dir is known."""
     old = job.flat["job.outputs"]
     new = f"{old}-{digest}"
+    if job.stage.outputs_by:
+        name = artifacts.get(job.config, job.stage.outputs_by)
+        if not isinstance(name, str) or not NAME.match(name):
+            job.report.error(job.stage.outputs_by, f"names the run's checkpoint directory: letters, digits, '.', '_' "
+                                                   f"and '-' only, got {name!r} (set in {job.origin.get(job.stage.outputs_by)})")
+            return
+        new = f"{old.rsplit('/', 1)[0]}/{name}"
     job.flat["job.outputs"] = new
 
     def moved(node: Any) -> Any:

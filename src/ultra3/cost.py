@@ -63,6 +63,9 @@ HF_TOKENS_PER_S = 0.63e6
 BYTES_PER_TOKEN = 4
 # A record of unknown size (hf:// with `sample`): 2.3 KB, OSCAR's mean (50.4 MB/s at 21,903 docs/s, field.md §3.1).
 BYTES_PER_RECORD = 2300
+# RL blends, bytes/s per core: a blend task (rows JSON-decoded and checked, written, hashed; one task per blend)
+# did 55-98 MB/s on a 200 MB blend on the 2-core VM (docs/data_prep.md), JSON decoding ~70% of it.
+RL_BYTES_PER_S = 60e6
 HF = "hf://"
 
 
@@ -140,10 +143,12 @@ def quantize(config: dict, measured: list[dict]) -> Estimate:
 
 
 def data_prep(config: dict, measured: list[dict]) -> Estimate:
-    """Tokenization on CPUs: tokens from the inputs' sizes at a per-core tokenizer rate."""
+    """Tokenization on CPUs: tokens from the inputs' sizes at a per-core tokenizer rate (RL blends: bytes)."""
     stage = _stage(config)
-    tokens, source = _input_tokens(config)
     cores, cores_from = _cores(config)
+    if "blends" in config:
+        return _rl_data_prep(config, measured, stage, cores, cores_from)
+    tokens, source = _input_tokens(config)
     if found := _from_measured(stage, measured, "tokens", tokens, 0, cores):
         return found
     if tokens is None:
@@ -157,6 +162,31 @@ def data_prep(config: dict, measured: list[dict]) -> Estimate:
     basis = (f"{fmt_count(tokens)} tokens ({source}) at {rate / 1e6:g} M tokens/s per core ({rate_from}; assumed)"
              + (f" on {cores} cores ({cores_from})" if cores else ""))
     return Estimate(stage, core_s / cores / 3600 if cores else None, None, core_s / 3600, basis)
+
+
+def rl(config: dict, measured: list[dict]) -> Estimate:
+    """RL steps are mostly rollouts, whose length the policy decides: no rate is modelled. A completed job of
+    the same config gives a measured one; else the bound is the allocation itself, run.time on every GPU
+    (NeMo RL checkpoints and the next job of the experiment resumes)."""
+    stage = _stage(config)
+    gpus = _gpus(config)
+    if found := _from_measured(stage, measured, None, None, gpus):
+        return found
+    hours = _slurm_hours(str(get(config, "run.time") or ""))
+    if hours is None:
+        return _unknown(stage, "RL step time is not modelled; set run.time for the allocation's bound")
+    return Estimate(stage, hours, hours * gpus, None, f"at most one allocation: run.time {get(config, 'run.time')} "
+                                                      f"on {gpus} GPUs (the RL step rate is not modelled)")
+
+
+def _slurm_hours(text: str) -> float | None:
+    """A Slurm time ([D-]HH:MM:SS, HH:MM:SS, MM:SS or MM) in hours."""
+    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = clock.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    h, m, sec = ([0] * (3 - len(parts)) + [int(p) for p in parts]) if len(parts) > 1 else (0, int(parts[0]), 0)
+    return int(days) * 24 + h + m / 60 + sec / 3600
 
 
 def estimate(job) -> Estimate | None:
@@ -295,13 +325,18 @@ def _quantize_params(config: dict) -> tuple[tuple[float, float] | None, str]:
 def _input_tokens(config: dict) -> tuple[int | None, str]:
     """(tokens of the inputs, how counted) or (None, why): local files at 4 bytes per token (gzip: its
     uncompressed size), `sample` records at 2.3 KB each where that is less or the input is remote."""
-    sample = pos_int(config.get("sample"))
     datasets = config.get("datasets") or []
     if not datasets:
         return None, "no datasets"
+    size, how = _input_bytes([str(ds.get("path") or "") for ds in datasets], pos_int(config.get("sample")), "dataset",
+                             "/4")
+    return (None if size is None else size // BYTES_PER_TOKEN), how
+
+
+def _input_bytes(paths: list[str], sample: int | None, noun: str, per: str = "") -> tuple[int | None, str]:
+    """(bytes of the inputs, how counted: `per` after "local bytes") or (None, why)."""
     total_bytes, how = 0, set()
-    for ds in datasets:
-        path = str(ds.get("path") or "")
+    for path in paths:
         remote = path.startswith(HF)
         size = None if remote else _local_bytes(path)
         if sample and (size is None or sample * BYTES_PER_RECORD < size):
@@ -310,11 +345,29 @@ def _input_tokens(config: dict) -> tuple[int | None, str]:
             why = "the size of an hf:// dataset is unknown before download" if remote else "matches no file here"
             return None, f"{path}: {why}; set sample, or run once for a measured rate"
         else:
-            kind = "local bytes/4"
+            kind = f"local bytes{per}"
         total_bytes += size
         how.add(kind)
-    count = f"{len(datasets)} dataset{'s' if len(datasets) > 1 else ''}"
-    return total_bytes // BYTES_PER_TOKEN, f"{count}, {' and '.join(sorted(how))}"
+    return total_bytes, f"{len(paths)} {noun}{'s' if len(paths) > 1 else ''}, {' and '.join(sorted(how))}"
+
+
+def _rl_data_prep(config: dict, measured: list[dict], stage: str, cores: int | None, cores_from: str) -> Estimate:
+    """RL blends: their bytes at RL_BYTES_PER_S per core, a task per blend (so no more cores than blends)."""
+    if found := _from_measured(stage, measured, None, None, 0, cores):
+        return found
+    blends = [str(b) for b in config.get("blends") or []]
+    source = str(config.get("source") or "").rstrip("/")
+    if not blends:
+        return _unknown(stage, "no blends")
+    paths = [source if source.startswith(HF) else f"{source}/{b}.jsonl*" for b in blends]
+    size, how = _input_bytes(paths, pos_int(config.get("sample")), "blend")
+    if size is None:
+        return _unknown(stage, how)
+    core_s = size / RL_BYTES_PER_S
+    used = min(cores, len(blends)) if cores else None
+    basis = (f"{_bytes(size)} ({how}) at {RL_BYTES_PER_S / 1e6:g} MB/s per core (measured; see docs/data_prep.md)"
+             + (f" on {used} cores ({cores_from}, one task per blend)" if used else ""))
+    return Estimate(stage, core_s / used / 3600 if used else None, None, core_s / 3600, basis)
 
 
 def _local_bytes(path: str) -> int | None:

@@ -73,6 +73,9 @@ def print_dry_run(job: Job, out: TextIO = sys.stdout) -> None:
         label_width = max((len(label) for label, _ in rows), default=0)
         for label, value in rows:
             out.write(f"{label:<{label_width}}  {value}\n")
+    for title, text in job.report.blocks.items():
+        _section(out, title)
+        out.write(text if text.endswith("\n") else text + "\n")
 
     if estimate := cost.estimate(job):
         _section(out, "estimated cost")

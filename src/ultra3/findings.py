@@ -25,6 +25,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     facts: dict[str, object] = field(default_factory=dict)
     tables: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    blocks: dict[str, str] = field(default_factory=dict)  # title -> text shown as it is (a stage's own file)
 
     def error(self, key: str, message: str) -> None:
         self.findings.append(Finding("error", key, message))

@@ -125,11 +125,13 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     before, chosen = _select(entries, options.start, options.stop)
     per_step = _split_overrides(options.overrides, entries)
     made: dict[str, Source] = {}  # artifact kind -> the newest maker in the chain so far
+    made_as: dict[tuple[str, str], Source] = {}  # (kind, config) -> the same, for inputs of one config's output
     unmade: dict[str, str] = {}  # artifact kind -> the step that would make it but declares no output
     findings: list[Finding] = []
     steps: list[Step] = []
     for entry in before + chosen:
-        wired = {inp.key: made[kind] for inp in entry.stage.inputs for kind in reversed(inp.kinds) if kind in made}
+        wired = {inp.key: src for inp in entry.stage.inputs for kind in reversed(inp.kinds)
+                 if (src := made_as.get((kind, inp.config)) if inp.config else made.get(kind))}
         stage_options = Options(config=entry.config, run=options.run, batch=options.batch, dry_run=options.dry_run,
                                 env_file=options.env_file, overrides=per_step[entry.id], wired=wired,
                                 pipe_layer=Layer(f"{path.name} [{entry.id}]", entry.overrides))
@@ -161,6 +163,7 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
             step.after = [s for s in running if s.job_id in consumed or s is running[-1]]
         step.outputs = _outputs(step)
         made.update(step.outputs)
+        made_as.update({(kind, entry.config): src for kind, src in step.outputs.items()})
         for kind in {o.kind for o in entry.stage.outputs}:  # kinds this step could make but does not
             if kind in step.outputs:
                 unmade.pop(kind, None)

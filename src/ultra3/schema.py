@@ -123,6 +123,17 @@ DATA_PREP_SFT: Schema = {
     "row_group_size": int,  # packs per Parquet row group (default: about 64 MiB)
 }
 
+# The RL blends: no tokenizer and no shards (one file per blend, a Ray task each).
+_PLACEHOLDER_SOURCE: Schema = {"path": str, "split": str, "revision": str}  # a local path or hf://org/name
+DATA_PREP_RL: Schema = {
+    **{k: v for k, v in _DATA_PREP.items() if k not in ("tokenizer", "num_shards")},
+    "source": str,  # hf://nvidia/Nemotron-RL-Ultra-Training-Blends or a local directory of <blend>.jsonl
+    "revision": str,
+    "blends": list[str],
+    "val_rows": int,  # the last rows of each blend held out as validation
+    "placeholders": {"dapo": _PLACEHOLDER_SOURCE, "skywork": _PLACEHOLDER_SOURCE},  # unset: their rows dropped
+}
+
 _LAYOUT: Schema = {k: int for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                     "expert_model_parallel_size")}
 
@@ -213,3 +224,29 @@ def _where(path: str, origin: dict[str, str]) -> str:
     # a table's own key has no origin; the first of its leaves tells where it came from
     src = origin.get(path) or next((v for k, v in origin.items() if k.startswith(path + ".")), None)
     return f" (set in {src})" if src else ""
+
+
+# The RL stages (rl rlvr | teacher | mopd): our keys around NeMo RL's own config. `nemo_rl` holds NeMo RL's
+# keys, in its own shape: checked against the record of its Ultra YAMLs (ultra3.nemo_rl_api), merged into the
+# YAML named by `recipe` inside the job.
+TEACHER_ROLES = ("general", "rlhf", "ifbench", "reasoning", "swe")
+RL: Schema = {
+    "run": None,
+    "recipe": str,  # NeMo RL's config: examples/nemo_gym/nemotron-3-ultra/<recipe>.yaml at the pinned commit
+    "nemo_rl_dir": str,  # the NeMo RL checkout in the job's container
+    "experiment": str,  # the run's name: its checkpoints; a later job of the same experiment resumes them
+    "policy": str,  # the starting policy: a Hugging Face checkpoint (a Megatron one is exported first)
+    "data": {"dir": str, "blend": str},  # `ultra3 data prep rl`'s output, and which of its blends
+    "layout": {"train_nodes": int, "generation_nodes": int, "gym_nodes": int, "teacher_pools": int,
+               "nodes_per_teacher": int, "segment_nodes": int, "colocated": bool},
+    "teachers": {role: str for role in TEACHER_ROLES},
+    "judges": {"genrm_model": str, "genrm_url": str, "nl2bash_model": str, "nl2bash_url": str,
+               "safety_model": str},
+    "mtp": {"enabled": bool, "num_speculative": int, "max_num_batched": int},
+    "output_dir": str,  # the final policy, exported to Hugging Face: the stage's artifact
+    "max_steps": int,
+    "sif_dir": str,  # the SWE teacher's per-instance apptainer images
+    "wandb": {"project": str, "entity": str},  # logging is on when WANDB_API_KEY reaches the job
+    "check_only": bool,  # stop after the cluster preflight (Ray groups, GPUs, shared dir): exit 0
+    "nemo_rl": object,
+}

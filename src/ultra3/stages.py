@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from .schema import DATA_PREP_PRETRAIN, DATA_PREP_SFT, QUANTIZE, TRAINING
+from .schema import DATA_PREP_PRETRAIN, DATA_PREP_RL, DATA_PREP_SFT, QUANTIZE, RL, TEACHER_ROLES, TRAINING
 
 Launch = Literal["torchrun", "ray"]
 
@@ -43,6 +43,8 @@ class Input:
     kinds: tuple[str, ...]
     required: bool = True
     unless: str | None = None
+    config: str | None = None  # only artifacts made by this config (a teacher's role); optional ones are then
+    # taken when they exist
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class Output:
 
 
 TRAINING_CHECKS = ("python_version", "training_packages", "gpus", "inputs")
+# RL: NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
+RL_CHECKS = ("python_version", "shared_dir", "nemo_rl", "gpus", "inputs")
+RL_DATA = Input("data", "data.dir", ("rl-data",))
 DATA_PREP_CHECKS = ("python_version", "data_prep_packages", "data_prep_inputs")
 
 
@@ -74,6 +79,8 @@ class Stage:
     outputs: tuple[Output, ...] = ()
     checks: tuple[str, ...] = TRAINING_CHECKS  # recipes/preflight.py checks, by name, run first in the job
     cost: str | None = None  # dotted path of the `(config, measured) -> cost.Estimate` model of its work
+    settle: str | None = None  # dotted path of a `(job) -> None` deriving keys once the inputs are known
+    outputs_by: str | None = None  # the key naming job.outputs (an experiment that resumes), else the digest
 
     @property
     def name(self) -> str:
@@ -89,6 +96,9 @@ class Stage:
     def cost_model(self) -> Callable | None:
         return _load(self.cost)
 
+    def settle_hook(self) -> Callable | None:
+        return _load(self.settle)
+
 
 def _load(dotted: str | None) -> Callable | None:
     if not dotted:
@@ -97,6 +107,14 @@ def _load(dotted: str | None) -> Callable | None:
 
     module, _, attr = dotted.rpartition(".")
     return getattr(import_module(module), attr)
+
+
+def rl_stage(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> Stage:
+    """An RL step: NeMo RL's entry point on Ray over the allocation, its config derived from ours (settle), its
+    checkpoints an experiment's, its output the final policy in Hugging Face format."""
+    return Stage(("rl", step), summary, f"rl/{step}", "rl", "ray", RL, "ultra3.validation.rl.validate_rl",
+                 examples=examples, inputs=inputs, outputs=(Output(output, "output_dir"),), checks=RL_CHECKS,
+                 cost="ultra3.cost.rl", settle="ultra3.nemo_rl_config.settle", outputs_by="experiment")
 
 
 STAGES: tuple[Stage, ...] = (
@@ -146,9 +164,21 @@ STAGES: tuple[Stage, ...] = (
         flags=DATA_PREP_FLAGS,
     ),
     Stage(
+        ("data", "prep", "rl"), "Check the RL blends, restore their placeholders and split them, on Ray.",
+        "data_prep/rl", "data_prep_rl", "ray", DATA_PREP_RL,
+        "ultra3.validation.data_prep.validate_data_prep",
+        outputs=(Output("rl-data", "output_dir"),),
+        checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep",
+        examples=("ultra3 data prep rl -c tiny", "ultra3 data prep rl --sample 1000",
+                  "ultra3 data prep rl --batch mycluster output_dir=/lustre/data/rl "
+                  "placeholders.dapo.path=hf://BytedTsinghua-SIA/DAPO-Math-17k"),
+        flags=DATA_PREP_FLAGS,
+    ),
+    Stage(
         ("quantize",), "NVFP4 post-training quantization with ModelOpt into a Hugging Face checkpoint.",
         "quantize", "quantize", "torchrun", QUANTIZE, "ultra3.validation.quantize.validate_quantize",
-        inputs=(Input("checkpoint", "bf16_checkpoint", ("sft-checkpoint", "pretrain-checkpoint"),
+        inputs=(Input("checkpoint", "bf16_checkpoint", ("mopd-policy", "rlvr-policy", "sft-checkpoint",
+                                                        "pretrain-checkpoint"),
                       unless="make_checkpoint"),
                 Input("calibration", "calibration.path", ("sft-data",), required=False)),
         outputs=(Output("quantized-checkpoint", "output_dir"),),
@@ -157,6 +187,22 @@ STAGES: tuple[Stage, ...] = (
                   "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 output_dir=/lustre/ckpt/ultra-nvfp4",
                   "ultra3 quantize --batch mycluster bf16_checkpoint=null output_dir=/lustre/ckpt/ultra-nvfp4"),
     ),
+    rl_stage("rlvr", "Student RLVR: GRPO with verifiable rewards from the SFT policy, NeMo RL on Ray over Slurm.",
+             (Input("policy", "policy", ("sft-checkpoint",)), RL_DATA), "rlvr-policy",
+             ("ultra3 rl rlvr -c rlvr1 --batch gb200 --dry-run",
+              "ultra3 rl rlvr -c rlvr2 --batch gb200 judges.genrm_url=http://genrm:8000/v1",
+              "ultra3 rl rlvr -c tiny --batch mycluster check_only=true")),
+    rl_stage("teacher", "A specialised teacher (ifbench, rlhf, reasoning, swe): RL from the Student RLVR policy.",
+             (Input("policy", "policy", ("rlvr-policy",)), RL_DATA), "teacher-policy",
+             ("ultra3 rl teacher -c ifbench --batch gb200 --dry-run",
+              "ultra3 rl teacher -c swe --batch gb200 sif_dir=/lustre/sif")),
+    rl_stage("mopd", "Multi-teacher on-policy distillation of the Student RLVR policy from the teacher panel.",
+             (Input("policy", "policy", ("rlvr-policy",)), RL_DATA,
+              Input("general teacher", "teachers.general", ("rlvr-policy",)),
+              *(Input(f"{role} teacher", f"teachers.{role}", ("teacher-policy",), required=False, config=role)
+                for role in TEACHER_ROLES[1:])), "mopd-policy",
+             ("ultra3 rl mopd --batch gb200 --dry-run",
+              "ultra3 rl mopd --batch gb200 teachers.swe=/lustre/ckpt/swe-teacher")),
 )
 
 

@@ -1,4 +1,6 @@
-"""Rules for the data-prep stages: a blend that can run, inputs that exist, packing that fits.
+"""Rules for the data-prep stages: a blend that can run, inputs that exist, packing that fits; for the RL
+blends (a config with `blends`), a source and placeholder sources that exist and a validation split that
+leaves rows to train on.
 
 Local paths are checked here when they should be visible from this machine: an error for a local run,
 a warning for a Slurm submission (compute nodes may mount what the login node does not). A relative
@@ -18,6 +20,20 @@ HF = "hf://"
 
 
 def validate_data_prep(cfg: dict, report: Report) -> None:
+    if "blends" in cfg:  # the RL blends: files found by name, no tokenizer
+        _check_rl(cfg, report)
+    else:
+        _check_datasets(cfg, report)
+    if not get(cfg, "output_dir"):
+        report.error("output_dir", "no output_dir; set where the shards go (shared storage for a cluster)")
+    for key in ("num_shards", "sample", "workers", "pack_size", "valid_shards", "test_shards", "val_rows"):
+        value = get(cfg, key)
+        if value is not None and value < (0 if key.endswith("_shards") else 1):
+            report.error(key, f"{value} is out of range; use a positive number")
+    _check_packing(cfg, report)
+
+
+def _check_datasets(cfg: dict, report: Report) -> None:
     datasets = get(cfg, "datasets") or []
     if not datasets:
         report.error("datasets", "the blend is empty; list at least one dataset (name, path, weight)")
@@ -38,13 +54,27 @@ def validate_data_prep(cfg: dict, report: Report) -> None:
         report.error("tokenizer", "no tokenizer; set a Hugging Face name or a local tokenizer.json or directory")
     elif (tokenizer.endswith(".json") or tokenizer.startswith(("/", "~", "."))) and not _exists(tokenizer):
         _missing(cfg, "tokenizer", f"{tokenizer} does not exist", report)
-    if not get(cfg, "output_dir"):
-        report.error("output_dir", "no output_dir; set where the shards go (shared storage for a cluster)")
-    for key in ("num_shards", "sample", "workers", "pack_size", "valid_shards", "test_shards"):
-        value = get(cfg, key)
-        if value is not None and value < (0 if key.endswith("_shards") else 1):
-            report.error(key, f"{value} is out of range; use a positive number")
-    _check_packing(cfg, report)
+
+
+def _check_rl(cfg: dict, report: Report) -> None:
+    source = get(cfg, "source")
+    if not source:
+        report.error("source", "no source; give hf://nvidia/Nemotron-RL-Ultra-Training-Blends or a local directory "
+                               "holding <blend>.jsonl")
+    elif not source.startswith(HF) and not _exists(source):
+        _missing(cfg, "source", f"{source} does not exist", report)
+    blends = get(cfg, "blends") or []
+    if not blends:
+        report.error("blends", "no blends; list those to prepare (rlvr1, rlvr2, ifbench, rlhf, reasoning, swe, mopd)")
+    for name in sorted({b for b in blends if blends.count(b) > 1}):
+        report.error("blends", f"'{name}' is listed {blends.count(name)} times; list each blend once")
+    for name, entry in (get(cfg, "placeholders") or {}).items():
+        if entry and entry.get("path"):
+            _check_path(cfg, entry["path"], f"placeholders.{name}.path", report)
+    sample, val_rows = get(cfg, "sample"), get(cfg, "val_rows") or 100
+    if sample and 0 < sample <= val_rows:
+        report.error("sample", f"{sample} rows per blend leave nothing to train on after the last val_rows="
+                               f"{val_rows}; sample more than {val_rows} or lower val_rows")
 
 
 def _check_path(cfg: dict, path: object, key: str, report: Report) -> None:
