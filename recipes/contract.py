@@ -16,6 +16,7 @@ what it published is `<job dir>/outputs.json`.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -226,3 +227,12 @@ def record_outputs(cfg: dict, seconds: float) -> list[dict]:
         published.append(publish(job["artifacts_root"], manifest))
     write_atomic(os.path.join(job["dir"], JOB_OUTPUTS), json.dumps(published, indent=2) + "\n")
     return published
+
+
+def newest_step(checkpoints: str) -> tuple[int, str] | None:
+    """NeMo RL's newest finished checkpoint in an experiment's checkpoint dir: (N, path of step_N); its
+    unfinished saves are tmp_step_N."""
+    found = [(int(m.group(1)), path) for path in glob.glob(os.path.join(checkpoints, "step_*"))
+             if (m := re.fullmatch(r"step_(\d+)", os.path.basename(path)))]
+    return max(found) if found else None
+

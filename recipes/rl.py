@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -31,7 +30,7 @@ import sys
 
 import yaml
 
-from .contract import GROUP_RESOURCE, PREFLIGHT_EXIT, PREFLIGHT_MARK
+from .contract import GROUP_RESOURCE, PREFLIGHT_EXIT, PREFLIGHT_MARK, newest_step
 from .dataprep.errors import DataPrepError
 from .dataprep.settings import cli
 from .quantization import megatron_export
@@ -156,20 +155,15 @@ def write_config(cfg: dict, model: str) -> str:
     return path
 
 
-def newest_checkpoint(checkpoints: str) -> str | None:
-    steps = [(int(m.group(1)), p) for p in glob.glob(os.path.join(checkpoints, "step_*"))
-             if (m := re.search(r"step_(\d+)$", p))]
-    return max(steps)[1] if steps else None
-
-
 def export_output(cfg: dict) -> int:
     """The experiment's newest checkpoint into output_dir as Hugging Face (NeMo RL's converter), once."""
     out = cfg.get("output_dir")
     if not out or os.path.isdir(out):
         return 0
-    step = newest_checkpoint(cfg["nemo_rl"]["checkpointing"]["checkpoint_dir"])
-    if step is None:
+    newest = newest_step(cfg["nemo_rl"]["checkpointing"]["checkpoint_dir"])
+    if newest is None:
         raise DataPrepError(f"NeMo RL ended without a checkpoint in {cfg['nemo_rl']['checkpointing']['checkpoint_dir']}")
+    step = newest[1]
     weights = sorted(glob.glob(os.path.join(step, "policy", "weights", "iter_*"))) or \
         [os.path.join(step, "policy", "weights")]
     partial = f"{out}.partial"

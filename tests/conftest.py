@@ -4,6 +4,7 @@ and the local Slurm cluster (scripts/slurm-local/start.sh)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -54,6 +55,20 @@ gpu = "h100"
 """
 
 
+MODULE_MARKS = re.compile(r"^pytestmark = \[?(pytest\.mark\.\w+(?:, pytest\.mark\.\w+)*)", re.M)
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """A module whose every test carries a mark the -m expression excludes (`not slurm and not heavy`, the
+    fast tier) is not even imported: its imports (torch, Ray) cost seconds."""
+    expr = config.getoption("markexpr") or ""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    found = MODULE_MARKS.search(collection_path.read_text())
+    marks = re.findall(r"pytest\.mark\.(\w+)", found.group(1)) if found else []
+    return True if any(f"not {mark}" in expr for mark in marks) else None
+
+
 @dataclass
 class Result:
     rc: int
@@ -77,6 +92,24 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("NEMOTRON_ENV_FILE", raising=False)
     monkeypatch.chdir(work)
     return state
+
+
+@pytest.fixture
+def cli_here(home, capsys, monkeypatch):
+    """The same commands run in this process (the console scripts' own entry points, without an interpreter
+    start-up each): for the long tables of bad input."""
+    from ultra3.cli import nemotron_main, ultra3_main
+
+    def run(*args: str, prog: str = "ultra3", env: dict | None = None) -> Result:
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(sys, "argv", [prog, *args])
+        with pytest.raises(SystemExit) as exit_:
+            (ultra3_main if prog == "ultra3" else nemotron_main)()
+        out = capsys.readouterr()
+        return Result(exit_.value.code or 0, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture

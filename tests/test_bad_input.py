@@ -1,6 +1,6 @@
-"""Bad input, through the real CLI: every mistake is exit 2 with one line per error naming the key or
-file, no traceback, nothing written under $NEMOTRON_HOME and, where a Slurm profile would submit,
-no new job in the queue."""
+"""Bad input, through the CLI's own entry point (in this process): every mistake is exit 2 with one line per
+error naming the key or file, no traceback, nothing written under $NEMOTRON_HOME and, where a Slurm profile
+would submit, no new job in the queue."""
 
 from __future__ import annotations
 
@@ -323,7 +323,7 @@ def test_enough_cases():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, cli, home, request, tmp_path):
+def test_bad_input(case: Case, cli_here, home, request, tmp_path):
     work = tmp_path / "work"
     (work / "bad.toml").write_text(BAD_TOML)
     for name, text in case.files.items():
@@ -335,7 +335,7 @@ def test_bad_input(case: Case, cli, home, request, tmp_path):
         request.getfixturevalue("slurm")
         before = squeue_ids()
 
-    r = cli(*case.args, prog=case.prog, env=case.env)
+    r = cli_here(*case.args, prog=case.prog, env=case.env)
 
     assert r.rc == 2, f"rc {r.rc}\nstdout:\n{r.out}\nstderr:\n{r.err}"
     assert len(r.err_lines) == len(case.errors), f"expected {len(case.errors)} error line(s), got:\n{r.err}"

@@ -80,6 +80,20 @@ def test_rlvr_phases_share_one_experiment(cli, gb200):
     assert steps == [(128, 49152, 8192, 8192), (178, 65536, 8192, 8192)]
 
 
+def test_steps_against_the_experiments_checkpoints(cli, gb200, tmp_path):
+    """rlvr1's 128 steps already done (NeMo RL's step_128, beside an unfinished tmp_step_136): phase 1 has
+    nothing left, phase 2 resumes from step 128."""
+    checkpoints = tmp_path / "jobs" / "experiments" / "outputs" / "ultra3-rl-rlvr" / "ultra-student-rlvr" / "checkpoints"
+    for step in ("step_64", "step_128", "tmp_step_136"):
+        (checkpoints / step).mkdir(parents=True)
+    where = f"run.job_dir={tmp_path / 'jobs'}"
+    done = cli(*RLVR, where, "--dry-run")
+    assert done.rc == 2 and "error: max_steps: 128, but experiment 'ultra-student-rlvr' is already at step 128: " \
+                              "nothing to train; raise max_steps or name a new experiment" in done.err, done.err
+    phase2 = cli("rl", "rlvr", "-c", "rlvr2", "--batch", "gb200", POLICY, DATA, GENRM, where, "--dry-run")
+    assert phase2.rc == 0 and "note: experiment: 'ultra-student-rlvr' resumes from step 128" in phase2.out, phase2.err
+
+
 def test_mtp_switch_sets_vllm_speculative_decoding(cli, gb200):
     r = cli(*RLVR, "mtp.enabled=true", "--dry-run")
     assert r.rc == 0, r.err
@@ -154,13 +168,13 @@ MOPD_BAD = [
 
 
 @pytest.mark.parametrize("name,extra,pattern", [(*c,) for c in BAD], ids=[c[0] for c in BAD])
-def test_bad_rlvr_config(cli, gb200, name, extra, pattern):
-    _one_error(cli(*RLVR, *extra), gb200, pattern)
+def test_bad_rlvr_config(cli_here, gb200, name, extra, pattern):
+    _one_error(cli_here(*RLVR, *extra), gb200, pattern)
 
 
 @pytest.mark.parametrize("name,extra,pattern", [(*c,) for c in MOPD_BAD], ids=[c[0] for c in MOPD_BAD])
-def test_bad_mopd_config(cli, gb200, name, extra, pattern):
-    _one_error(cli(*MOPD, *extra), gb200, pattern)
+def test_bad_mopd_config(cli_here, gb200, name, extra, pattern):
+    _one_error(cli_here(*MOPD, *extra), gb200, pattern)
 
 
 def test_swe_teacher_needs_its_images(cli, gb200):

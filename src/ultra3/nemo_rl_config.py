@@ -10,15 +10,13 @@ generate, serve a teacher, run the Gym) go into `job.node_groups` for the job to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import nemo_rl_api
+from . import executors, nemo_rl_api
 from .artifacts import get, interpolate, put
+from .compile import OUTPUTS_PLACEHOLDER, Job
 from .config import flatten
 from .schema import TEACHER_ROLES
-
-if TYPE_CHECKING:
-    from .compile import Job
 
 # Where a judge's model and endpoint go in NeMo Gym's config (a recipe declares the judges it uses)
 JUDGES = {
@@ -149,6 +147,10 @@ def settle(job: Job) -> None:
     _set(job, "run.nodes", total, f"layout: {describe(sizes)}")
     _set(job, "job.node_groups", [[g, n] for g, n in sizes], "layout")
     _set(job, "job.nemo_rl_commit", nemo_rl_api.commit(), "src/ultra3/nemo_rl_api/record.json")
+    if not cfg["run"].get("host"):  # where the experiment's checkpoints are, for the dry run to read
+        folder = executors.executor(job.executor).job_dir(job, "job-id")
+        report.facts["rl.checkpoints"] = Job.placed(
+            f"{OUTPUTS_PLACEHOLDER}/{job.stage.slug}/{cfg.get('experiment')}/checkpoints", folder)
     if cfg.get("check_only"):  # the allocation and the Ray cluster only: no NeMo RL, no GPU code, no output
         _set(job, "job.checks", [c for c in job.stage.checks if c not in ("nemo_rl", "gpus")], "check_only")
         _set(job, "output_dir", None, "check_only")

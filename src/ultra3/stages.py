@@ -109,6 +109,13 @@ def _load(dotted: str | None) -> Callable | None:
     return getattr(import_module(module), attr)
 
 
+def data_prep_stage(kind: str, summary: str, schema: dict, output: Output, examples: tuple[str, ...]) -> Stage:
+    """A data prep: CPUs only, on Ray (embedded, over the allocation, or an existing cluster)."""
+    return Stage(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", schema,
+                 "ultra3.validation.data_prep.validate_data_prep", examples=examples, flags=DATA_PREP_FLAGS,
+                 outputs=(output,), checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep")
+
+
 def rl_stage(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> Stage:
     """An RL step: NeMo RL's entry point on Ray over the allocation, its config derived from ours (settle), its
     checkpoints an experiment's, its output the final policy in Hugging Face format."""
@@ -143,37 +150,19 @@ STAGES: tuple[Stage, ...] = (
             "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
         ),
     ),
-    Stage(
-        ("data", "prep", "pretrain"), "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
-        "data_prep/pretrain", "data_prep_pretrain", "ray", DATA_PREP_PRETRAIN,
-        "ultra3.validation.data_prep.validate_data_prep",
-        outputs=(Output("pretrain-data", "output_dir", "blend.json"),),
-        checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep",
-        examples=("ultra3 data prep pretrain -c tiny", "ultra3 data prep pretrain -c tiny --sample 100",
-                  "ultra3 data prep pretrain --batch mycluster output_dir=/lustre/data/phase1"),
-        flags=DATA_PREP_FLAGS,
-    ),
-    Stage(
-        ("data", "prep", "sft"), "Render, mask and pack SFT conversations into Parquet on Ray.",
-        "data_prep/sft", "data_prep_sft", "ray", DATA_PREP_SFT,
-        "ultra3.validation.data_prep.validate_data_prep",
-        outputs=(Output("sft-data", "output_dir"),),
-        checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep",
-        examples=("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
-                  "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft"),
-        flags=DATA_PREP_FLAGS,
-    ),
-    Stage(
-        ("data", "prep", "rl"), "Check the RL blends, restore their placeholders and split them, on Ray.",
-        "data_prep/rl", "data_prep_rl", "ray", DATA_PREP_RL,
-        "ultra3.validation.data_prep.validate_data_prep",
-        outputs=(Output("rl-data", "output_dir"),),
-        checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep",
-        examples=("ultra3 data prep rl -c tiny", "ultra3 data prep rl --sample 1000",
-                  "ultra3 data prep rl --batch mycluster output_dir=/lustre/data/rl "
-                  "placeholders.dapo.path=hf://BytedTsinghua-SIA/DAPO-Math-17k"),
-        flags=DATA_PREP_FLAGS,
-    ),
+    data_prep_stage("pretrain", "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.", DATA_PREP_PRETRAIN,
+                    Output("pretrain-data", "output_dir", "blend.json"),
+                    ("ultra3 data prep pretrain -c tiny", "ultra3 data prep pretrain -c tiny --sample 100",
+                     "ultra3 data prep pretrain --batch mycluster output_dir=/lustre/data/phase1")),
+    data_prep_stage("sft", "Render, mask and pack SFT conversations into Parquet on Ray.", DATA_PREP_SFT,
+                    Output("sft-data", "output_dir"),
+                    ("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
+                     "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft")),
+    data_prep_stage("rl", "Check the RL blends, restore their placeholders and split them, on Ray.", DATA_PREP_RL,
+                    Output("rl-data", "output_dir"),
+                    ("ultra3 data prep rl -c tiny", "ultra3 data prep rl --sample 1000",
+                     "ultra3 data prep rl --batch mycluster output_dir=/lustre/data/rl "
+                     "placeholders.dapo.path=hf://BytedTsinghua-SIA/DAPO-Math-17k")),
     Stage(
         ("quantize",), "NVFP4 post-training quantization with ModelOpt into a Hugging Face checkpoint.",
         "quantize", "quantize", "torchrun", QUANTIZE, "ultra3.validation.quantize.validate_quantize",

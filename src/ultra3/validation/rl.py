@@ -6,14 +6,13 @@ run also gets the Ray layout and the materialized NeMo RL config."""
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 from typing import Any
 
 import yaml
 
 from .. import nemo_rl_api
+from ..contract import NAME, newest_step
 from ..findings import Report
 from ..nemo_rl_config import declared_judges, describe, effective, is_mopd, materialize, node_groups, teacher_pools
 
@@ -178,20 +177,13 @@ def steps(cfg: dict[str, Any], report: Report) -> None:
     if budget is not None and budget < 1:
         report.error("max_steps", f"must be 1 or more (or null: NeMo RL's epochs decide), got {budget}")
         return
-    done = latest_step(effective(cfg, "checkpointing.checkpoint_dir"))
+    where = report.facts.get("rl.checkpoints")
+    done = (newest_step(where) or (0, ""))[0] if isinstance(where, str) else 0
     if done and budget is not None and done >= budget:
         report.error("max_steps", f"{budget}, but experiment '{cfg.get('experiment')}' is already at step {done}: "
                                   f"nothing to train; raise max_steps or name a new experiment")
     elif done:
         report.note("experiment", f"'{cfg.get('experiment')}' resumes from step {done}")
-
-
-def latest_step(checkpoints: Any) -> int:
-    if not isinstance(checkpoints, str) or not checkpoints.startswith("/"):
-        return 0
-    found = [int(m.group(1)) for p in glob.glob(os.path.join(checkpoints, "step_*"))
-             if (m := re.search(r"step_(\d+)$", p))]
-    return max(found, default=0)
 
 
 def services(cfg: dict[str, Any], report: Report) -> None:
@@ -225,14 +217,13 @@ def services(cfg: dict[str, Any], report: Report) -> None:
             if (mtp.get(key) or 0) < 1:
                 report.error(f"mtp.{key}", f"must be 1 or more with mtp.enabled, got {mtp.get(key)}")
     blend = (cfg.get("data") or {}).get("blend")
-    if not blend or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", str(blend)):
+    if not blend or not NAME.match(str(blend)):
         report.error("data.blend", f"names a blend of `ultra3 data prep rl`'s output (rlvr1, ifbench, ...), "
                                    f"got {blend!r}")
 
 
 def layout_rows(cfg: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
     rows, start = [], 0
-    teachers = cfg.get("teachers") or {}
     for group, count in node_groups(cfg):
         span = f"nodes {start}-{start + count - 1}" if count > 1 else f"node {start}"
         if group == "train":
