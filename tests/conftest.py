@@ -171,9 +171,11 @@ def free_ports(n: int) -> list[int]:
 INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
           ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
           ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"]}
-RL_INPUTS = {"rl rlvr": ["policy=/lustre/ckpt/sft-hf", "data.dir=/lustre/data/rl"],
+SANDBOX = "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh"
+RL_INPUTS = {"rl rlvr": ["policy=/lustre/ckpt/sft-hf", "data.dir=/lustre/data/rl", SANDBOX],
              "rl teacher": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"],
-             "rl mopd": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl", "teachers.general=/lustre/ckpt/rlvr-hf"]}
+             "rl mopd": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl", "teachers.general=/lustre/ckpt/rlvr-hf",
+                         SANDBOX]}
 RL_EXTRA = {("rl teacher", "swe"): ["sif_dir=/lustre/sif"]}
 RL_JUDGES = ["judges.genrm_model=/lustre/models/genrm"]  # GenRM has no public default
 

@@ -28,8 +28,11 @@ mounts = ["/lustre:/lustre"]
 """
 POLICY, DATA = "policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"
 GENRM = "judges.genrm_model=/lustre/models/genrm"
-MOPD = ("rl", "mopd", "--batch", "gb200", POLICY, DATA, GENRM, "teachers.general=/lustre/ckpt/rlvr-hf")
-RLVR = ("rl", "rlvr", "-c", "rlvr1", "--batch", "gb200", POLICY, DATA, GENRM)
+SANDBOX = "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh"
+MOPD = ("rl", "mopd", "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX, "teachers.general=/lustre/ckpt/rlvr-hf")
+RLVR = ("rl", "rlvr", "-c", "rlvr1", "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX)
+FIVE_TEACHERS = ["teachers.rlhf=/lustre/ckpt/rlhf", "teachers.ifbench=/lustre/ckpt/ifbench",
+                 "teachers.reasoning=/lustre/ckpt/reasoning", "teachers.swe=/lustre/ckpt/swe"]
 
 
 @pytest.fixture
@@ -39,7 +42,8 @@ def gb200(home):
 
 
 def test_mopd_default_dry_run_splits_224_nodes(cli, gb200):
-    r = cli(*MOPD, "--dry-run")
+    """Five distinct teachers: 64 train / 128 generation / 20 teachers (5 x 4) / 12 gym, as NeMo RL's guide."""
+    r = cli(*MOPD, *FIVE_TEACHERS, "--dry-run")
     assert r.rc == 0, r.err
     assert "nodes 224 x gpus_per_node 4 = 896 GPUs (gb200)" in r.out
     assert "run.nodes" in r.out and "= 224  <- layout: 64 train + 128 generation + 20 teachers + 12 gym" in r.out
@@ -47,28 +51,45 @@ def test_mopd_default_dry_run_splits_224_nodes(cli, gb200):
     assert [line.split("  ")[0].strip() for line in layout] == [
         "nodes 0-63", "nodes 64-191", "nodes 192-195", "nodes 196-199", "nodes 200-203", "nodes 204-207",
         "nodes 208-211", "nodes 212-223"]
-    assert layout[2].endswith("teacher general/rlhf/ifbench/reasoning/swe: /lustre/ckpt/rlvr-hf")
+    assert layout[2].endswith("teacher general: /lustre/ckpt/rlvr-hf") and layout[6].endswith("teacher swe: /lustre/ckpt/swe")
+    assert "#SBATCH --segment=16" in r.out
     # the materialized NeMo RL config: the recorded mopd.yaml with the derived values
     text = r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0]
     merged = yaml.safe_load(text)
-    assert merged["cluster"] == {"gpus_per_node": 4, "num_nodes": 212, "segment_size": 16}
+    assert merged["cluster"] == {"gpus_per_node": 4, "num_nodes": 212, "segment_size": 16}  # the gym comes on top
     assert merged["env"]["nemo_gym"]["num_gpu_nodes"] == 12
     assert merged["policy"]["generation"]["colocated"]["resources"]["num_nodes"] == 128
-    assert merged["_teachers"]["general"] == "/lustre/ckpt/rlvr-hf"
-    assert merged["_teachers"]["swe"] == "${_teachers.general}"  # NeMo RL's own fallback, untouched
+    assert merged["_teachers"] == {"general": "/lustre/ckpt/rlvr-hf", "rlhf": "/lustre/ckpt/rlhf",
+                                   "ifbench": "/lustre/ckpt/ifbench", "reasoning": "/lustre/ckpt/reasoning",
+                                   "swe": "/lustre/ckpt/swe"}
+    assert merged["checkpointing"]["checkpoint_must_save_by"] == "00:03:36:00"  # run.time 4 h less 24 min
     teacher = merged["on_policy_distillation"]["non_colocated_teachers"]["default_teacher_cfg"]
     assert (teacher["tensor_model_parallel_size"], teacher["context_parallel_size"],
             teacher["expert_model_parallel_size"], teacher["num_nodes"]) == (8, 2, 16, 4)
     assert merged["grpo"]["adv_estimator"]["name"] == "opd"
     assert merged["checkpointing"]["checkpoint_dir"].endswith("/ultra3-rl-mopd/ultra-mopd/checkpoints")
     assert "#SBATCH --nodes=224" in r.out and "#SBATCH --gpus-per-node=4" in r.out
+    # NeMo Skills' sandbox beside the job step on every node
+    assert "srun --overlap --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 " \
+           "--container-image=/lustre/images/nemo-skills-sandbox.sqsh" in r.out
+
+
+def test_mopd_teachers_falling_back_share_the_general_nodes(cli, gb200):
+    """NeMo RL serves each distinct teacher checkpoint once and gives training the rest of its cluster: with
+    only the general teacher, 4 teacher nodes, not 20 (the other 16 would land in training)."""
+    r = cli(*MOPD, "--dry-run")
+    assert r.rc == 0, r.err
+    assert "= 208  <- layout: 64 train + 128 generation + 4 teachers + 12 gym" in r.out
+    assert "nodes 192-195  teacher general/rlhf/ifbench/reasoning/swe: /lustre/ckpt/rlvr-hf" in r.out
+    merged = yaml.safe_load(r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0])
+    assert merged["cluster"]["num_nodes"] == 196 and merged["_teachers"]["swe"] == "${_teachers.general}"
 
 
 def test_rlvr_phases_share_one_experiment(cli, gb200):
     """rlvr2 resumes rlvr1: the same checkpoint directory, its own sequence length and step budget."""
     dirs, steps = [], []
     for config in ("rlvr1", "rlvr2"):
-        r = cli("rl", "rlvr", "-c", config, "--batch", "gb200", POLICY, DATA, GENRM, "--dry-run")
+        r = cli("rl", "rlvr", "-c", config, "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX, "--dry-run")
         assert r.rc == 0, r.err
         merged = yaml.safe_load(r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0])
         dirs.append(merged["checkpointing"]["checkpoint_dir"])
@@ -90,8 +111,16 @@ def test_steps_against_the_experiments_checkpoints(cli, gb200, tmp_path):
     done = cli(*RLVR, where, "--dry-run")
     assert done.rc == 2 and "error: max_steps: 128, but experiment 'ultra-student-rlvr' is already at step 128: " \
                               "nothing to train; raise max_steps or name a new experiment" in done.err, done.err
-    phase2 = cli("rl", "rlvr", "-c", "rlvr2", "--batch", "gb200", POLICY, DATA, GENRM, where, "--dry-run")
+    phase2 = cli("rl", "rlvr", "-c", "rlvr2", "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX, where, "--dry-run")
     assert phase2.rc == 0 and "note: experiment: 'ultra-student-rlvr' resumes from step 128" in phase2.out, phase2.err
+
+
+def test_nemo_rl_add_takes_keys_the_yaml_lacks(cli, gb200):
+    r = cli(*RLVR, "nemo_rl_add.cluster.master_port_range_low=20000", "--dry-run")
+    assert r.rc == 0, r.err
+    assert "warning: nemo_rl_add.cluster.master_port_range_low: not in NeMo RL's " in r.out
+    merged = yaml.safe_load(r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0])
+    assert merged["cluster"]["master_port_range_low"] == 20000
 
 
 def test_mtp_switch_sets_vllm_speculative_decoding(cli, gb200):
@@ -112,27 +141,31 @@ BAD = [
     ("no-generation-nodes", ["layout.generation_nodes=0", "layout.gym_nodes=192"],
      r"layout\.generation_nodes: must be 1 or more \(vLLM runs on its own nodes\)"),
     ("colocated-with-generation-nodes", ["layout.colocated=true", "layout.gym_nodes=32"], r"layout\.generation_nodes: is 172, but layout\.colocated"),
-    ("teacher-nodes-outside-mopd", ["layout.nodes_per_teacher=4", "layout.teacher_pools=4", "layout.gym_nodes=4"],
+    ("teacher-nodes-outside-mopd", ["layout.nodes_per_teacher=4"],
      r"layout\.nodes_per_teacher: is 4, but student_rlvr1 has no teacher panel"),
     ("run-nodes-disagree", ["run.nodes=128"], r"run\.nodes: 128 \(set in command line\), but the layout adds up to 256"),
     ("tp-cp-vs-train-gpus", ["nemo_rl.policy.megatron_cfg.context_parallel_size=6"],
      r"nemo_rl\.policy\.megatron_cfg: TP·CP·PP = 48 does not divide the 256 training GPUs"),
+    ("train-nodes-vs-segment", ["layout.segment_nodes=128"],
+     r"layout\.train_nodes: 64 is not a multiple of the 128-node NVLink segment"),
     ("ep-vs-train-gpus", ["nemo_rl.policy.megatron_cfg.expert_model_parallel_size=96"],
      r"nemo_rl\.policy\.megatron_cfg\.expert_model_parallel_size: EP·ETP·PP = 96 does not divide the 256"),
     ("vllm-tp-vs-generation-gpus", ["nemo_rl.policy.generation.vllm_cfg.tensor_parallel_size=24",
                                     "nemo_rl.policy.generation.vllm_cfg.expert_parallel_size=24"],
-     r"nemo_rl\.policy\.generation\.vllm_cfg\.tensor_parallel_size: a vLLM engine takes TP·PP = 24 GPUs, which does "
-     r"not divide the 688"),
-    ("vllm-ep-above-tp", ["nemo_rl.policy.generation.vllm_cfg.expert_parallel_size=16"],
-     r"nemo_rl\.policy\.generation\.vllm_cfg\.expert_parallel_size: 16 with vLLM TP 8: .*NVIDIA-NeMo/RL#1101"),
+     r"nemo_rl\.policy\.generation\.vllm_cfg\.tensor_parallel_size: a vLLM engine takes max\(TP, EP\)·PP = 24 GPUs, "
+     r"which does not divide the 688"),
+    ("vllm-ep-not-multiple-of-tp", ["nemo_rl.policy.generation.vllm_cfg.expert_parallel_size=2"],
+     r"nemo_rl\.policy\.generation\.vllm_cfg\.expert_parallel_size: 2 is not a multiple of vLLM's TP 8"),
+    ("vllm-ep-dp-with-async", ["nemo_rl.policy.generation.vllm_cfg.expert_parallel_size=16"],
+     r"nemo_rl\.policy\.generation\.vllm_cfg\.expert_parallel_size: 16 with TP 8 runs vLLM data-parallel, .*"
+     r"NVIDIA-NeMo/RL#1101"),
     ("gbs-arithmetic", ["nemo_rl.grpo.num_generations_per_prompt=8"],
      r"nemo_rl\.policy\.train_global_batch_size: 8192, but 512 prompts x 8 generations = 4096 samples"),
     ("gbs-vs-dp", ["nemo_rl.grpo.num_prompts_per_step=8190", "nemo_rl.grpo.num_generations_per_prompt=1",
                    "nemo_rl.policy.train_global_batch_size=8190"],
      r"nemo_rl\.policy\.train_global_batch_size: 8190 is not a multiple of the training data-parallel size 4"),
-    ("sequence-vs-cp", ["nemo_rl.policy.max_total_sequence_length=49000", "nemo_rl.policy.generation.max_new_tokens=49000",
-                        "nemo_rl.policy.generation.vllm_cfg.max_model_len=49000"],
-     r"nemo_rl\.policy\.max_total_sequence_length: 49000 is not a multiple of 2·CP·TP = 128 .* use 48896"),
+    ("generation-longer-than-sequence", ["nemo_rl.policy.generation.max_new_tokens=65536"],
+     r"nemo_rl\.policy\.generation\.max_new_tokens: 65536 exceeds policy\.max_total_sequence_length 49152"),
     ("vllm-shorter-than-sequence", ["nemo_rl.policy.generation.vllm_cfg.max_model_len=32768"],
      r"nemo_rl\.policy\.generation\.vllm_cfg\.max_model_len: 32768 is shorter than policy\.max_total_sequence_length"),
     ("unknown-nemo-rl-key", ["nemo_rl.policy.megatron_cfg.tensor_parallel_size=8"],
@@ -146,6 +179,13 @@ BAD = [
     ("unknown-recipe", ["recipe=student_rlvr3"], r"recipe: 'student_rlvr3' is not one of NeMo RL's Ultra configs"),
     ("missing-judge", ["judges.genrm_model=null"], r"judges\.genrm_model: student_rlvr1 scores with the genrm judge"),
     ("judge-url", ["judges.nl2bash_url=nl2bash:8000"], r"judges\.nl2bash_url: 'nl2bash:8000' is not an http\(s\):// URL"),
+    ("judge-url-without-name", ["judges.genrm_model=null", "judges.genrm_url=http://genrm:8000/v1"],
+     r"judges\.genrm_model: student_rlvr1 scores with the genrm judge: set the name of the model judges\.genrm_url serves"),
+    ("judges-vs-gym-gpus", ["layout.gym_nodes=4", "layout.generation_nodes=188"],
+     r"layout\.gym_nodes: 4 nodes = 16 GPUs, but the judges served there need 40 \(genrm TP x DP = 16, "
+     r"nl2bash TP x DP = 16, safety TP x DP = 8\)"),
+    ("sandbox", ["sandbox.image=null"], r"sandbox\.image: student_rlvr1's Gym runs code in NeMo Skills' sandbox"),
+    ("nemo-rl-add-known-key", ["nemo_rl_add.grpo.seed=7"], r"nemo_rl_add\.grpo\.seed: is a key of NeMo RL's"),
     ("teacher-outside-mopd", ["teachers.swe=/lustre/ckpt/swe"], r"teachers\.swe: student_rlvr1 has no teacher panel"),
     ("sif-outside-swe", ["sif_dir=/lustre/sif"], r"sif_dir: student_rlvr1 runs no SWE instances"),
     ("max-steps", ["max_steps=0"], r"max_steps: must be 1 or more"),
@@ -159,8 +199,8 @@ MOPD_BAD = [
      r"teachers\.general: no rlvr-policy artifact for profile 'gb200' in .*: rl mopd needs its general teacher input"),
     ("mopd-no-teacher-nodes", ["layout.nodes_per_teacher=0", "layout.gym_nodes=32"],
      r"layout\.nodes_per_teacher: MOPD serves each teacher on its own nodes"),
-    ("mopd-pools", ["teachers.swe=/lustre/ckpt/swe", "layout.teacher_pools=1", "layout.gym_nodes=28"],
-     r"layout\.teacher_pools: 1, but the teachers are 2 distinct checkpoints"),
+    ("mopd-teachers-vs-segment", ["teachers.swe=/lustre/ckpt/swe"],
+     r"layout: 64 train \+ 128 generation \+ 8 teachers \+ 12 gym = 212 nodes, not a multiple of the 16-node"),
     ("mopd-teacher-layout", ["nemo_rl.on_policy_distillation.non_colocated_teachers.default_teacher_cfg."
                              "context_parallel_size=3"], r"nemo_rl\.on_policy_distillation\.non_colocated_teachers\."
                                                          r"default_teacher_cfg: a teacher's TP·CP·PP = 24 does not divide"),
@@ -209,12 +249,14 @@ def test_runtime_merges_our_values_into_nemo_rl_yaml(tmp_path):
     when the key reached the job."""
     from recipes import rl
 
-    checkout = tmp_path / "nemo-rl" / rl.RECIPES
+    files = nemo_rl_api.files()
+    checkout = tmp_path / "nemo-rl" / files["directory"]
     checkout.mkdir(parents=True)
     (checkout / "mopd.yaml").write_text("cluster: {num_nodes: 256, gpus_per_node: 4}\n_teachers:\n"
                                         "  general: /path/to/general_teacher\n  swe: ${_teachers.general}\n"
                                         "logger: {wandb_enabled: false, log_dir: logs}\n")
-    cfg = {"nemo_rl_dir": str(tmp_path / "nemo-rl"), "recipe": "mopd", "job": {"dir": str(tmp_path), "stage": "rl mopd"},
+    cfg = {"nemo_rl_dir": str(tmp_path / "nemo-rl"), "recipe": "mopd",
+           "job": {"dir": str(tmp_path), "stage": "rl mopd", "nemo_rl": files},
            "nemo_rl": {"cluster": {"num_nodes": 212}, "_teachers": {"general": "/ckpt/rlvr"}}}
     path = rl.write_config(cfg, "/ckpt/rlvr-hf")
     written = yaml.safe_load(Path(path).read_text())

@@ -70,13 +70,15 @@ class Store:
                 found.append(manifest)
         return sorted(found, key=lambda m: (m.get("created_ts", 0), m.get("version", 0)), reverse=True)
 
-    def newest(self, kinds: tuple[str, ...], profile: str | None, config: str, only: bool = False) -> dict | None:
-        """The newest artifact of the first kind that has any, preferring (or, `only`, requiring) `config`'s."""
+    def newest(self, kinds: tuple[str, ...], profile: str | None, prefer: str | None,
+               only: tuple[str, ...] = ()) -> dict | None:
+        """The newest artifact of the first kind that has any, made by one of the `only` configs (any when
+        empty), preferring config `prefer`'s."""
         for kind in kinds:  # the first kind with any artifact wins (sft before pretrain checkpoints)
             mine = [m for m in self.manifests() if m.get("type") == kind and m.get("profile") == profile
-                    and not m.get("sample") and (not only or m.get("config") == config)]
+                    and not m.get("sample") and (not only or m.get("config") in only)]
             if mine:
-                return next((m for m in mine if m.get("config") == config), mine[0])
+                return next((m for m in mine if m.get("config") == prefer), mine[0])
         return None
 
     def by_job(self, job_ref: str, kinds: tuple[str, ...]) -> list[dict]:
@@ -138,15 +140,16 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             source = from_manifest(manifest) if manifest and manifest.get("type") in inp.kinds else None
         elif value not in (None, ""):
             source, given = Source(str(value), f"set in {origin.get(inp.key)}"), True
-        elif needed(inp, config) or inp.config:
-            manifest = store.newest(inp.kinds, profile, inp.config or get(config, "job.config"), only=bool(inp.config))
+        elif needed(inp, config) or inp.configs:
+            mine = get(config, "job.config") if inp.same_config else None
+            manifest = store.newest(inp.kinds, profile, mine, inp.configs)
             if manifest is None:
                 if needed(inp, config):
                     report.error(inp.key, _nothing_found(stage, inp, profile, store))
             else:
                 source = from_manifest(manifest)
-                if manifest.get("config") != (inp.config or get(config, "job.config")):
-                    report.note(inp.key, f"no {manifest['type']} of config '{get(config, 'job.config')}'; taking "
+                if mine and manifest.get("config") != mine:
+                    report.note(inp.key, f"no {manifest['type']} of config '{mine}'; taking "
                                          f"config '{manifest.get('config')}'s ({source.artifact})")
         if source and not given:  # resolved: the value and its origin change
             put(config, inp.key, source.path)

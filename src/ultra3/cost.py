@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .paths import RECIPES_DIR
 from .validation import params as P
-from .validation._common import fmt_count, get, number, pos_int, precision
+from .validation._common import fmt_count, get, number, pos_int, precision, slurm_seconds
 
 # Dense (no sparsity) tensor-core peak per GPU, TFLOP/s. BF16 and FP8: the datasheet values of field.md §3.4.
 # NVFP4: NVIDIA's datasheets: HGX B200 144 PFLOP/s sparse FP4 over 8 GPUs, GB200 NVL72 1,440 sparse over 72,
@@ -172,21 +172,12 @@ def rl(config: dict, measured: list[dict]) -> Estimate:
     gpus = _gpus(config)
     if found := _from_measured(stage, measured, None, None, gpus):
         return found
-    hours = _slurm_hours(str(get(config, "run.time") or ""))
-    if hours is None:
+    seconds = slurm_seconds(str(get(config, "run.time") or ""))
+    if seconds is None:
         return _unknown(stage, "RL step time is not modelled; set run.time for the allocation's bound")
+    hours = seconds / 3600
     return Estimate(stage, hours, hours * gpus, None, f"at most one allocation: run.time {get(config, 'run.time')} "
                                                       f"on {gpus} GPUs (the RL step rate is not modelled)")
-
-
-def _slurm_hours(text: str) -> float | None:
-    """A Slurm time ([D-]HH:MM:SS, HH:MM:SS, MM:SS or MM) in hours."""
-    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
-    parts = clock.split(":")
-    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        return None
-    h, m, sec = ([0] * (3 - len(parts)) + [int(p) for p in parts]) if len(parts) > 1 else (0, int(parts[0]), 0)
-    return int(days) * 24 + h + m / 60 + sec / 3600
 
 
 def estimate(job) -> Estimate | None:

@@ -10,13 +10,15 @@ generate, serve a teacher, run the Gym) go into `job.node_groups` for the job to
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from . import executors, nemo_rl_api
 from .artifacts import get, interpolate, put
-from .compile import OUTPUTS_PLACEHOLDER, Job
+from .compile import JOB_DIR_PLACEHOLDER, OUTPUTS_PLACEHOLDER, Job
 from .config import flatten
 from .schema import TEACHER_ROLES
+from .validation._common import slurm_seconds
 
 # Where a judge's model and endpoint go in NeMo Gym's config (a recipe declares the judges it uses)
 JUDGES = {
@@ -38,9 +40,11 @@ def declared_judges(recipe: str) -> dict[str, tuple[str, str, str | None]]:
 
 
 def node_groups(cfg: dict[str, Any]) -> list[tuple[str, int]]:
-    """(group, nodes) in allocation order; teachers are teacher_pools pools of nodes_per_teacher nodes."""
+    """(group, nodes) in allocation order; teachers: nodes_per_teacher for each distinct teacher checkpoint
+    (NeMo RL serves each once, and gives training whatever else its cluster has)."""
     lay = cfg["layout"]
-    teachers = (lay.get("teacher_pools") or 0) * (lay.get("nodes_per_teacher") or 0) if is_mopd(cfg["recipe"]) else 0
+    pools = max(1, len(teacher_pools(cfg)))  # general's at least, set or not
+    teachers = pools * (lay.get("nodes_per_teacher") or 0) if is_mopd(cfg["recipe"]) else 0
     gen = 0 if lay.get("colocated") else lay.get("generation_nodes") or 0
     sizes = {"train": lay.get("train_nodes") or 0, "generation": gen, "teachers": teachers,
              "gym": lay.get("gym_nodes") or 0}
@@ -53,7 +57,8 @@ def teacher_pools(cfg: dict[str, Any]) -> list[tuple[str, list[str]]]:
     teachers = cfg.get("teachers") or {}
     pools: dict[str, list[str]] = {}
     for role in TEACHER_ROLES:
-        pools.setdefault(teachers.get(role) or teachers.get("general") or "", []).append(role)
+        if path := teachers.get(role) or teachers.get("general"):
+            pools.setdefault(str(path), []).append(role)
     return list(pools.items())
 
 
@@ -86,6 +91,8 @@ def derived(cfg: dict[str, Any]) -> list[tuple[str, Any, str]]:
         out.append((f"data.{split}.data_path", path, "data.dir"))
     if cfg.get("max_steps") is not None:
         out.append(("grpo.max_num_steps", cfg["max_steps"], "max_steps"))
+    if save_by := save_deadline(str(run.get("time") or "")):
+        out.append(("checkpointing.checkpoint_must_save_by", save_by, "run.time"))
     judges = cfg.get("judges") or {}
     for prefix, model_key, url_key in declared_judges(recipe).values():
         if url_key and judges.get(url_key):
@@ -113,6 +120,32 @@ def derived(cfg: dict[str, Any]) -> list[tuple[str, Any, str]]:
     return out
 
 
+SAVE_MARGIN_S = 25 * 60  # NeMo RL's Ultra recipes save and stop 25 minutes before a 48 h allocation ends
+
+
+def save_deadline(time_limit: str) -> str | None:
+    """NeMo RL's checkpoint_must_save_by (DD:HH:MM:SS since the start) for a Slurm time limit: a final save
+    and a clean stop before Slurm ends the job (a tenth of the time for allocations under 4 h 10 min)."""
+    total = slurm_seconds(time_limit)
+    if not total:
+        return None
+    left = total - min(SAVE_MARGIN_S, total // 10)
+    return f"{left // 86400:02d}:{left % 86400 // 3600:02d}:{left % 3600 // 60:02d}:{left % 60:02d}"
+
+
+def sandbox_sidecar(cfg: dict[str, Any]) -> str | None:
+    """The batch-script line that starts NeMo Skills' sandbox on every node of the allocation, beside the job
+    step (as NeMo RL's ray.sub does); the cluster preflight waits for its port on each node."""
+    box = cfg.get("sandbox") or {}
+    if not box.get("image"):
+        return None
+    argv = ["srun", "--overlap", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1",
+            f"--container-image={box['image']}", "--no-container-mount-home",
+            f"--output={JOB_DIR_PLACEHOLDER}/sandbox-%t.log", f"--export=ALL,NGINX_PORT={int(box.get('port') or 6000)}",
+            *shlex.split(str(box.get("command") or ""))]
+    return " ".join(a if a.startswith(("--nodes=", "--output=")) else shlex.quote(a) for a in argv) + " &"
+
+
 def settle(job: Job) -> None:
     """Check the user's `nemo_rl.*` keys against the record, then derive NeMo RL's keys, run.nodes and the
     node groups into the job (its flat values, resolved config and origins)."""
@@ -134,6 +167,13 @@ def settle(job: Job) -> None:
                                            f"{nemo_rl_api.commit()[:12]}{where}{nemo_rl_api.suggest(recipe, key)}")
         elif clash := nemo_rl_api.type_clash(recipe, key, value):
             report.error(f"nemo_rl.{key}", f"{clash}{where}")
+    for key, value in flatten(cfg.get("nemo_rl_add") or {}).items():  # into nemo_rl, which the job merges
+        if nemo_rl_api.known(recipe, key):
+            report.error(f"nemo_rl_add.{key}", f"is a key of NeMo RL's {nemo_rl_api.yaml_path(recipe)}: set it as "
+                                               f"nemo_rl.{key} (checked) instead")
+        else:
+            report.warn(f"nemo_rl_add.{key}", f"not in NeMo RL's {nemo_rl_api.yaml_path(recipe)}: added unchecked")
+            _set(job, f"nemo_rl.{key}", value, f"nemo_rl_add.{key}")
     for key, value, source in ours:
         _set(job, f"nemo_rl.{key}", value, f"derived from {source}")
     sizes = node_groups(cfg)
@@ -146,7 +186,12 @@ def settle(job: Job) -> None:
         report.note("run.nodes", f"{given} (set in {where}) gives way to the layout's {total} ({describe(sizes)})")
     _set(job, "run.nodes", total, f"layout: {describe(sizes)}")
     _set(job, "job.node_groups", [[g, n] for g, n in sizes], "layout")
-    _set(job, "job.nemo_rl_commit", nemo_rl_api.commit(), "src/ultra3/nemo_rl_api/record.json")
+    _set(job, "job.nemo_rl", nemo_rl_api.files(), "src/ultra3/nemo_rl_api/record.json")
+    segment = cfg["layout"].get("segment_nodes") or 0
+    if segment > 1:
+        _set(job, "run.segment", segment, "layout.segment_nodes")
+    if line := sandbox_sidecar(cfg):
+        _set(job, "run.setup", [*(cfg["run"].get("setup") or []), line], "sandbox.image")
     if not cfg["run"].get("host"):  # where the experiment's checkpoints are, for the dry run to read
         folder = executors.executor(job.executor).job_dir(job, "job-id")
         report.facts["rl.checkpoints"] = Job.placed(

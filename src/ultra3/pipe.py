@@ -131,7 +131,8 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     steps: list[Step] = []
     for entry in before + chosen:
         wired = {inp.key: src for inp in entry.stage.inputs for kind in reversed(inp.kinds)
-                 if (src := made_as.get((kind, inp.config)) if inp.config else made.get(kind))}
+                 if (src := next((made_as[kind, c] for c in inp.configs if (kind, c) in made_as), None)
+                     if inp.configs else made.get(kind))}
         stage_options = Options(config=entry.config, run=options.run, batch=options.batch, dry_run=options.dry_run,
                                 env_file=options.env_file, overrides=per_step[entry.id], wired=wired,
                                 pipe_layer=Layer(f"{path.name} [{entry.id}]", entry.overrides))

@@ -34,6 +34,7 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "exclusive": (bool, ("slurm",)),
     "constraint": (str, ("slurm",)),
     "reservation": (str, ("slurm",)),
+    "segment": (int, ("slurm",)),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
     "job_name_prefix": (str, ("slurm",)),
     "host": (str, ("slurm",)),
     "user": (str, ("slurm",)),
@@ -237,8 +238,8 @@ RL: Schema = {
     "experiment": str,  # the run's name: its checkpoints; a later job of the same experiment resumes them
     "policy": str,  # the starting policy: a Hugging Face checkpoint (a Megatron one is exported first)
     "data": {"dir": str, "blend": str},  # `ultra3 data prep rl`'s output, and which of its blends
-    "layout": {"train_nodes": int, "generation_nodes": int, "gym_nodes": int, "teacher_pools": int,
-               "nodes_per_teacher": int, "segment_nodes": int, "colocated": bool},
+    "layout": {"train_nodes": int, "generation_nodes": int, "gym_nodes": int, "nodes_per_teacher": int,
+               "segment_nodes": int, "colocated": bool},
     "teachers": {role: str for role in TEACHER_ROLES},
     "judges": {"genrm_model": str, "genrm_url": str, "nl2bash_model": str, "nl2bash_url": str,
                "safety_model": str},
@@ -247,6 +248,8 @@ RL: Schema = {
     "max_steps": int,
     "sif_dir": str,  # the SWE teacher's per-instance apptainer images
     "wandb": {"project": str, "entity": str},  # logging is on when WANDB_API_KEY reaches the job
+    "sandbox": {"image": str, "command": str, "port": int},  # NeMo Skills' sandbox, a sidecar on every node
     "check_only": bool,  # stop after the cluster preflight (Ray groups, GPUs, shared dir): exit 0
     "nemo_rl": object,
+    "nemo_rl_add": object,  # keys NeMo RL takes that its YAML lacks (Hydra's ++): merged unchecked
 }

@@ -43,8 +43,9 @@ class Input:
     kinds: tuple[str, ...]
     required: bool = True
     unless: str | None = None
-    config: str | None = None  # only artifacts made by this config (a teacher's role); optional ones are then
-    # taken when they exist
+    configs: tuple[str, ...] = ()  # only artifacts made by these configs (a teacher's role); an optional input
+    # with configs is taken when one exists
+    same_config: bool = True  # prefer an artifact made by a config of the consumer's name (tiny for tiny)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Output:
 TRAINING_CHECKS = ("python_version", "training_packages", "gpus", "inputs")
 # RL: NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
 RL_CHECKS = ("python_version", "shared_dir", "nemo_rl", "gpus", "inputs")
-RL_DATA = Input("data", "data.dir", ("rl-data",))
+RL_DATA = Input("data", "data.dir", ("rl-data",), same_config=False)
 DATA_PREP_CHECKS = ("python_version", "data_prep_packages", "data_prep_inputs")
 
 
@@ -182,13 +183,15 @@ STAGES: tuple[Stage, ...] = (
               "ultra3 rl rlvr -c rlvr2 --batch gb200 judges.genrm_url=http://genrm:8000/v1",
               "ultra3 rl rlvr -c tiny --batch mycluster check_only=true")),
     rl_stage("teacher", "A specialised teacher (ifbench, rlhf, reasoning, swe): RL from the Student RLVR policy.",
-             (Input("policy", "policy", ("rlvr-policy",)), RL_DATA), "teacher-policy",
+             (Input("policy", "policy", ("rlvr-policy",), same_config=False), RL_DATA), "teacher-policy",
              ("ultra3 rl teacher -c ifbench --batch gb200 --dry-run",
               "ultra3 rl teacher -c swe --batch gb200 sif_dir=/lustre/sif")),
     rl_stage("mopd", "Multi-teacher on-policy distillation of the Student RLVR policy from the teacher panel.",
-             (Input("policy", "policy", ("rlvr-policy",)), RL_DATA,
-              Input("general teacher", "teachers.general", ("rlvr-policy",)),
-              *(Input(f"{role} teacher", f"teachers.{role}", ("teacher-policy",), required=False, config=role)
+             (Input("policy", "policy", ("rlvr-policy",), same_config=False), RL_DATA,
+              Input("general teacher", "teachers.general", ("rlvr-policy",), same_config=False),
+              # each role: its teacher config's output (`rl teacher` with no -c is the ifbench teacher)
+              *(Input(f"{role} teacher", f"teachers.{role}", ("teacher-policy",), required=False,
+                      configs=(role, "default") if role == "ifbench" else (role,))
                 for role in TEACHER_ROLES[1:])), "mopd-policy",
              ("ultra3 rl mopd --batch gb200 --dry-run",
               "ultra3 rl mopd --batch gb200 teachers.swe=/lustre/ckpt/swe-teacher")),

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compile import Job
+from ..compile import JOB_DIR_PLACEHOLDER, Job
 from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
 
 
@@ -68,11 +68,11 @@ def slurm_spec(job: Job, job_dir: str) -> SlurmSpec:
         mem=run.get("mem"),
         exclusive=True if run.get("exclusive") else None,
         constraint=run.get("constraint"),
-        additional={"reservation": run["reservation"]} if run.get("reservation") else {},
+        additional={k: run[k] for k in ("reservation", "segment") if run.get(k)},
         container_image=run.get("container_image"),
         container_mounts=list(run.get("mounts") or []),
         env_vars=env,
-        setup_lines=_untraced(run.get("setup") or []),
+        setup_lines=_untraced([line.replace(JOB_DIR_PLACEHOLDER, job_dir) for line in run.get("setup") or []]),
         job_dir=job_dir,
     )
 

@@ -25,6 +25,12 @@ def commit() -> str:
     return record()["commit"]
 
 
+def files() -> dict[str, str]:
+    """The pinned commit and, relative to a checkout, the recipes' folder, the entry point and the converter."""
+    r = record()
+    return {k: r[k] for k in ("commit", "directory", "entry", "converter")}
+
+
 def names() -> list[str]:
     return list(record()["configs"])
 

@@ -61,6 +61,20 @@ def flag(cfg: dict, dotted: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def slurm_seconds(text: str) -> int | None:
+    """A Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds, or None."""
+    days, dash, clock = text.partition("-") if "-" in text else ("0", "", text)
+    parts = clock.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    values = [int(p) for p in parts]
+    if dash:  # D-HH[:MM[:SS]]
+        h, m, s = (values + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        h, m, s = [0] * (3 - len(values)) + values if len(values) == 3 else (0, *(values + [0])[:2])
+    return int(days) * 86400 + h * 3600 + m * 60 + s
+
+
 def divisors(n: int, limit: int = 8) -> str:
     """'1, 2, 3, 4, 6, 9, 12, ...' — the first `limit` divisors of n, for fix hints."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]

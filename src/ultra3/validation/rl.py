@@ -14,11 +14,12 @@ import yaml
 from .. import nemo_rl_api
 from ..contract import NAME, newest_step
 from ..findings import Report
-from ..nemo_rl_config import declared_judges, describe, effective, is_mopd, materialize, node_groups, teacher_pools
+from ..nemo_rl_config import (TEACHER_CFG, declared_judges, describe, effective, is_mopd, materialize, node_groups,
+                               teacher_pools)
+from ..schema import TEACHER_ROLES
 
 MEGATRON = "policy.megatron_cfg"
 VLLM = "policy.generation.vllm_cfg"
-TEACHER = "on_policy_distillation.non_colocated_teachers.default_teacher_cfg"
 URL = re.compile(r"^https?://[^\s/]+")
 
 
@@ -40,6 +41,7 @@ def validate_rl(cfg: dict[str, Any], report: Report) -> None:
     teachers(cfg, gpus, report)
     batch_and_sequence(cfg, report)
     steps(cfg, report)
+    judges(cfg, gpus, report)
     services(cfg, report)
     report.tables["ray layout (node groups)"] = layout_rows(cfg, gpus)
     report.blocks[f"NeMo RL config ({nemo_rl_api.yaml_path(cfg['recipe'])} at {nemo_rl_api.commit()[:12]} "
@@ -69,8 +71,12 @@ def nodes(cfg: dict[str, Any], report: Report) -> None:
     sizes = node_groups(cfg)
     total = sum(n for _, n in sizes)
     segment = lay.get("segment_nodes") or 0
+    train = lay.get("train_nodes") or 0
     if segment < 1:
         report.error("layout.segment_nodes", f"must be 1 or more, got {segment}")
+    elif train % segment:  # NeMo RL places training in whole segments of one NVLink domain
+        report.error("layout.train_nodes", f"{train} is not a multiple of the {segment}-node NVLink segment "
+                                           "(layout.segment_nodes), which NeMo RL places training in")
     elif total % segment:
         up = -(-total // segment) * segment
         report.error("layout", f"{describe(sizes)} = {total} nodes, not a multiple of the {segment}-node NVLink "
@@ -102,19 +108,24 @@ def training(cfg: dict[str, Any], gpus: int, report: Report) -> None:
 
 
 def generation(cfg: dict[str, Any], gpus: int, report: Report) -> None:
+    """NeMo RL's vLLM rules: EP > 1 is a multiple of TP (vLLM's EP = DP x TP), and EP other than TP needs the
+    synchronous engine (NVIDIA-NeMo/RL#1101); an engine then spans max(TP, EP) x PP GPUs."""
     lay = cfg["layout"]
-    gen_gpus = (lay.get("train_nodes") if lay.get("colocated") else lay.get("generation_nodes") or 0) * gpus
-    tp = int(effective(cfg, f"{VLLM}.tensor_parallel_size") or 1)
-    pp = int(effective(cfg, f"{VLLM}.pipeline_parallel_size") or 1)
-    ep = int(effective(cfg, f"{VLLM}.expert_parallel_size") or 1)
-    if gen_gpus and gen_gpus % (tp * pp):
+    gen_gpus = ((lay.get("train_nodes") if lay.get("colocated") else lay.get("generation_nodes")) or 0) * gpus
+    tp, pp, ep = (int(effective(cfg, f"{VLLM}.{k}") or 1)
+                  for k in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"))
+    engine = max(tp, ep) * pp
+    if gen_gpus and gen_gpus % engine:
         report.error(f"nemo_rl.{VLLM}.tensor_parallel_size",
-                     f"a vLLM engine takes TP·PP = {tp * pp} GPUs, which does not divide the {gen_gpus} generation "
-                     "GPUs; change it or layout.generation_nodes")
-    if ep > tp or tp % ep:
+                     f"a vLLM engine takes max(TP, EP)·PP = {engine} GPUs, which does not divide the {gen_gpus} "
+                     "generation GPUs; change it or layout.generation_nodes")
+    if ep > 1 and ep % tp:
         report.error(f"nemo_rl.{VLLM}.expert_parallel_size",
-                     f"{ep} with vLLM TP {tp}: NeMo RL's async engine needs EP to divide TP (EP > TP is "
-                     "NVIDIA-NeMo/RL#1101); set it to the TP")
+                     f"{ep} is not a multiple of vLLM's TP {tp} (vLLM's EP = DP x TP); use {tp} or a multiple")
+    elif ep > 1 and ep != tp and effective(cfg, f"{VLLM}.async_engine"):
+        report.error(f"nemo_rl.{VLLM}.expert_parallel_size",
+                     f"{ep} with TP {tp} runs vLLM data-parallel, which NeMo RL's async engine does not support "
+                     f"(NVIDIA-NeMo/RL#1101); set it to {tp} or nemo_rl.{VLLM}.async_engine=false")
 
 
 def teachers(cfg: dict[str, Any], gpus: int, report: Report) -> None:
@@ -124,32 +135,29 @@ def teachers(cfg: dict[str, Any], gpus: int, report: Report) -> None:
             report.error(f"teachers.{role}", f"{cfg['recipe']} has no teacher panel (MOPD has); remove it")
         return
     per = (cfg["layout"].get("nodes_per_teacher") or 0) * gpus
-    size = _product(cfg, TEACHER, "tensor_model_parallel_size", "context_parallel_size",
+    size = _product(cfg, TEACHER_CFG, "tensor_model_parallel_size", "context_parallel_size",
                     "pipeline_model_parallel_size")
     if per and per % size:
-        report.error(f"nemo_rl.{TEACHER}", f"a teacher's TP·CP·PP = {size} does not divide its {per} GPUs "
+        report.error(f"nemo_rl.{TEACHER_CFG}", f"a teacher's TP·CP·PP = {size} does not divide its {per} GPUs "
                                           "(layout.nodes_per_teacher x run.gpus_per_node)")
-    if per and per % _product(cfg, TEACHER, "expert_model_parallel_size", "pipeline_model_parallel_size"):
-        report.error(f"nemo_rl.{TEACHER}.expert_model_parallel_size",
+    if per and per % _product(cfg, TEACHER_CFG, "expert_model_parallel_size", "pipeline_model_parallel_size"):
+        report.error(f"nemo_rl.{TEACHER_CFG}.expert_model_parallel_size",
                      f"does not divide a teacher's {per} GPUs (layout.nodes_per_teacher x run.gpus_per_node)")
-    pools, room = teacher_pools(cfg), cfg["layout"].get("teacher_pools") or 0
-    if len(pools) > room:
-        report.error("layout.teacher_pools", f"{room}, but the teachers are {len(pools)} distinct checkpoints, each "
-                                             f"served on its own nodes; set layout.teacher_pools={len(pools)}")
-    elif len(pools) < room and per:
-        report.note("layout.teacher_pools", f"{room} pools for {len(pools)} distinct teacher checkpoint(s): "
-                                            f"{(room - len(pools)) * cfg['layout']['nodes_per_teacher']} teacher "
-                                            f"nodes stay idle (roles without their own fall back to general)")
+    shared = [role for role in TEACHER_ROLES[1:] if not given.get(role)]
+    if shared and given.get("general"):
+        report.note("teachers", f"{', '.join(shared)} fall back to the general teacher and share its nodes "
+                                f"({len(teacher_pools(cfg))} distinct teacher checkpoint(s) served)")
 
 
 def batch_and_sequence(cfg: dict[str, Any], report: Report) -> None:
     prompts = int(effective(cfg, "grpo.num_prompts_per_step") or 0)
     per_prompt = int(effective(cfg, "grpo.num_generations_per_prompt") or 0)
     gbs = int(effective(cfg, "policy.train_global_batch_size") or 0)
-    if prompts * per_prompt != gbs:
+    if effective(cfg, "loss_fn.force_on_policy_ratio") and prompts * per_prompt != gbs:  # NeMo RL asserts it then
         report.error("nemo_rl.policy.train_global_batch_size",
                      f"{gbs}, but {prompts} prompts x {per_prompt} generations = {prompts * per_prompt} samples per "
-                     "step (grpo.num_prompts_per_step x grpo.num_generations_per_prompt); make them agree")
+                     "step (grpo.num_prompts_per_step x grpo.num_generations_per_prompt), which "
+                     "loss_fn.force_on_policy_ratio needs equal; make them agree")
     dp = report.facts.get("rl.train_dp") or 0
     if dp and gbs % dp:
         report.error("nemo_rl.policy.train_global_batch_size", f"{gbs} is not a multiple of the training data-parallel "
@@ -157,18 +165,18 @@ def batch_and_sequence(cfg: dict[str, Any], report: Report) -> None:
     seq = int(effective(cfg, "policy.max_total_sequence_length") or 0)
     tp, cp = (int(effective(cfg, f"{MEGATRON}.{k}") or 1) for k in ("tensor_model_parallel_size",
                                                                       "context_parallel_size"))
-    multiple = 2 * cp * tp  # NeMo RL's make_sequence_length_divisible_by for these configs
+    multiple = 2 * cp * tp  # the Ultra YAMLs' make_sequence_length_divisible_by
     if seq % multiple:
-        report.error("nemo_rl.policy.max_total_sequence_length",
-                     f"{seq} is not a multiple of 2·CP·TP = {multiple} (each of the {cp} context-parallel ranks takes "
-                     f"two chunks, split over TP {tp}); use {seq // multiple * multiple or multiple}")
-    for key in ("policy.generation.max_new_tokens", f"{VLLM}.max_model_len"):
-        value = effective(cfg, key)
-        if isinstance(value, int) and key.endswith("max_new_tokens") and value > seq:
-            report.error(f"nemo_rl.{key}", f"{value} exceeds policy.max_total_sequence_length {seq}")
-        if isinstance(value, int) and key.endswith("max_model_len") and value < seq:
-            report.error(f"nemo_rl.{key}", f"{value} is shorter than policy.max_total_sequence_length {seq}: vLLM "
-                                           "would cut the rollouts; make them equal")
+        report.warn("nemo_rl.policy.max_total_sequence_length",
+                    f"{seq} is not a multiple of 2·CP·TP = {multiple}: NeMo RL pads each sequence to that multiple, "
+                    f"so the longest outgrow it; use {seq // multiple * multiple or multiple}")
+    new_tokens, model_len = effective(cfg, "policy.generation.max_new_tokens"), effective(cfg, f"{VLLM}.max_model_len")
+    if isinstance(new_tokens, int) and new_tokens > seq:
+        report.error("nemo_rl.policy.generation.max_new_tokens", f"{new_tokens} exceeds "
+                                                                 f"policy.max_total_sequence_length {seq}")
+    if isinstance(model_len, int) and model_len < seq:
+        report.error(f"nemo_rl.{VLLM}.max_model_len", f"{model_len} is shorter than policy.max_total_sequence_length "
+                                                      f"{seq}: vLLM would cut the rollouts; make them equal")
 
 
 def steps(cfg: dict[str, Any], report: Report) -> None:
@@ -186,21 +194,48 @@ def steps(cfg: dict[str, Any], report: Report) -> None:
         report.note("experiment", f"'{cfg.get('experiment')}' resumes from step {done}")
 
 
-def services(cfg: dict[str, Any], report: Report) -> None:
-    judges = cfg.get("judges") or {}
-    served = (cfg["layout"].get("gym_nodes") or 0) > 0  # judges without a URL are served on the Gym nodes
-    unserved = []
-    for name, (_, model_key, url_key) in declared_judges(cfg["recipe"]).items():
-        if url_key and judges.get(url_key) and not URL.match(str(judges[url_key])):
-            report.error(f"judges.{url_key}", f"{judges[url_key]!r} is not an http(s):// URL")
-        if not served and not (url_key and judges.get(url_key)):
+SANDBOXED = ("ns_tools", "math_formal_lean")  # NeMo Gym servers that run code in NeMo Skills' sandbox
+
+
+def judges(cfg: dict[str, Any], gpus: int, report: Report) -> None:
+    """Each judge the recipe scores with: a model served on the Gym nodes (which must hold them all), or an
+    endpoint already serving, with the name of the model it serves (Gym sends it with every request)."""
+    given = cfg.get("judges") or {}
+    gym_gpus = (cfg["layout"].get("gym_nodes") or 0) * gpus
+    unserved, served = [], {}
+    for name, (prefix, model_key, url_key) in declared_judges(cfg["recipe"]).items():
+        url = given.get(url_key) if url_key else None
+        if url and not URL.match(str(url)):
+            report.error(f"judges.{url_key}", f"{url!r} is not an http(s):// URL")
+        if not url and not gym_gpus:
             unserved.append(name)
-        elif not judges.get(model_key) and not (url_key and judges.get(url_key)):
-            either = f"judges.{model_key}=HF_ID_OR_PATH" + (f" or judges.{url_key}=URL" if url_key else "")
-            report.error(f"judges.{model_key}", f"{cfg['recipe']} scores with the {name} judge: set {either}")
+        elif not given.get(model_key):
+            what = f"the name of the model judges.{url_key} serves" if url else "a model (HF id or path)" + (
+                f", or judges.{url_key}=URL" if url_key else "")
+            report.error(f"judges.{model_key}", f"{cfg['recipe']} scores with the {name} judge: set {what}")
+        elif not url:
+            kwargs = f"{prefix}.vllm_serve_kwargs"
+            served[name] = (int(effective(cfg, f"{kwargs}.tensor_parallel_size") or 1)
+                            * int(effective(cfg, f"{kwargs}.data_parallel_size") or 1))
+    if sum(served.values()) > gym_gpus > 0:
+        report.error("layout.gym_nodes", f"{cfg['layout']['gym_nodes']} nodes = {gym_gpus} GPUs, but the judges served "
+                                         f"there need {sum(served.values())} (" + ", ".join(
+                                             f"{n} TP x DP = {g}" for n, g in served.items()) + "); add Gym nodes "
+                                         "or serve a judge elsewhere (judges.<name>_url)")
+    sandboxed = [p for p in effective(cfg, "env.nemo_gym.config_paths") or [] if any(s in p for s in SANDBOXED)]
+    if sandboxed and not (cfg.get("sandbox") or {}).get("image"):
+        if gym_gpus:
+            report.error("sandbox.image", f"{cfg['recipe']}'s Gym runs code in NeMo Skills' sandbox "
+                                          f"({', '.join(sorted({s for p in sandboxed for s in SANDBOXED if s in p}))}):"
+                                          " set sandbox.image to its container image")
+        else:
+            unserved.append("sandbox")
     if unserved:
-        report.warn("layout.gym_nodes", f"0: the {', '.join(unserved)} judge(s) of {cfg['recipe']} have no Gym node to "
-                                        "run on; only the environments that need no judge score rollouts")
+        report.warn("layout.gym_nodes", f"0: the {', '.join(unserved)} of {cfg['recipe']} have no Gym node to run on; "
+                                        "only the environments that need none score rollouts")
+
+
+def services(cfg: dict[str, Any], report: Report) -> None:
     if "sif_dir" not in nemo_rl_api.keys(cfg["recipe"]):
         if cfg.get("sif_dir"):
             report.error("sif_dir", f"{cfg['recipe']} runs no SWE instances; remove it (the swe teacher uses it)")
@@ -241,12 +276,10 @@ def layout_rows(cfg: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
             what = f"gym: NeMo Gym servers and judges ({', '.join(declared_judges(cfg['recipe'])) or 'none'})"
         else:
             per = cfg["layout"]["nodes_per_teacher"]
-            pools = teacher_pools(cfg)
-            for i in range(cfg["layout"].get("teacher_pools") or 0):
+            for i, (path, roles) in enumerate(teacher_pools(cfg)):
                 first = start + i * per
                 where = f"nodes {first}-{first + per - 1}" if per > 1 else f"node {first}"
-                path, roles = pools[i] if i < len(pools) else ("", [])
-                rows.append((where, f"teacher {'/'.join(roles)}: {path}" if roles else "teacher pool: spare"))
+                rows.append((where, f"teacher {'/'.join(roles)}: {path}"))
             start += count
             continue
         rows.append((span, what))
