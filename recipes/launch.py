@@ -12,6 +12,7 @@ import collections
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -189,8 +190,9 @@ def node_group(cfg: dict, rank: int) -> str | None:
 
 def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.Popen:
     """`ray start --block` for this node: its Slurm CPUs and GPUs, its group of the layout as a Ray resource
-    (GROUP_RESOURCE + name, one per node), no dashboard, free ports (Ray's fixed defaults, such as the dashboard
-    agent's 52365, collide between Rays on one machine)."""
+    (GROUP_RESOURCE + name, one per node) and its place in the topology (topology_resources), no dashboard,
+    free ports (Ray's fixed defaults, such as the dashboard agent's 52365, collide between Rays on one
+    machine)."""
     argv = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--disable-usage-stats",
             f"--temp-dir={temp}", "--min-worker-port=0", "--max-worker-port=0",
             f"--dashboard-agent-listen-port={free_port(ip)}", *extra]
@@ -200,12 +202,51 @@ def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.
         argv.append(f"--num-cpus={os.environ['SLURM_CPUS_ON_NODE']}")
     if os.environ.get("SLURM_GPUS_ON_NODE"):  # what the allocation grants this node
         argv.append(f"--num-gpus={os.environ['SLURM_GPUS_ON_NODE']}")
+    resources = topology_resources()
     if group := node_group(cfg, int(os.environ.get("SLURM_NODEID", "0"))):
-        argv.append("--resources=" + json.dumps({GROUP_RESOURCE + group: 1}))
+        resources = {GROUP_RESOURCE + group: 1, **resources}
+    argv.append("--resources=" + json.dumps(resources))
     if cfg.get("object_store_mb"):
         argv.append(f"--object-store-memory={int(cfg['object_store_mb']) << 20}")
     print("+ " + " ".join(argv))
     return subprocess.Popen(argv)
+
+
+def topology_resources() -> dict[str, int]:
+    """Where this node sits, as the Ray resources NeMo RL reads to place its workers by NVLink domain and then
+    by position (nemo_rl/distributed/virtual_cluster.py: NVLINK_DOMAIN_PREFIX and TOPO_RANK_KEY, which its
+    ray.sub sets; its recipes' `cluster.segment_size` picks whole segments of one domain)."""
+    found = {"topo_rank": topo_rank()}
+    if uuid := nvlink_cluster_uuid():
+        found[f"nvlink_domain_{uuid}"] = 1
+    return found
+
+
+def nvlink_cluster_uuid() -> str | None:
+    """The GPUs' NVLink fabric (`nvidia-smi -q`'s ClusterUUID, one per GB200 NVL72 rack), or None."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "-q"], capture_output=True, text=True, timeout=60, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "ClusterUUID":
+            return value.strip() or None
+    return None
+
+
+def topo_rank() -> int:
+    """This node's position: Slurm's block topology address `<block>.<node>` as block * 10^10 + node (the
+    digits of each), else its rank in the job + 1 (Ray drops a resource of 0)."""
+    addr = os.environ.get("SLURM_TOPOLOGY_ADDR", "")
+    if os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN") == "block.node":
+        block, node = (re.sub(r"\D", "", part) for part in (addr.split(".")[0], addr.split(".")[-1]))
+        if block and node:
+            return int(block) * 10**10 + int(node)
+    return int(os.environ.get("SLURM_NODEID", "0")) + 1
 
 
 def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:

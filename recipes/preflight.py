@@ -103,18 +103,19 @@ def shared_dir(cfg: dict) -> str | None:
 
 def nemo_rl(cfg: dict) -> str | None:
     """NeMo RL in the job's Python, its checkout at nemo_rl_dir holding the recipe, at the commit the launcher's
-    record was made from (when the checkout says which it is)."""
-    job, folder = cfg.get("job") or {}, str(cfg.get("nemo_rl_dir") or "")
+    record was made from (`job.nemo_rl`; when the checkout says which it is)."""
+    folder = str(cfg.get("nemo_rl_dir") or "")
     if err := _importable("nemo_rl"):
         return (f"NeMo RL is not importable ({err}); run in the NeMo RL container (set container_image in the "
                 f"profile) with its checkout at nemo_rl_dir={folder}")
-    recipe = os.path.join(folder, "examples", "nemo_gym", "nemotron-3-ultra", f"{cfg.get('recipe')}.yaml")
+    record = cfg["job"]["nemo_rl"]
+    recipe = os.path.join(folder, record["directory"], f"{cfg.get('recipe')}.yaml")
     if not os.path.isfile(recipe):
         return f"no {recipe}: nemo_rl_dir={folder} is not a NeMo RL checkout with the Ultra recipes"
     head = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60) \
         if shutil.which("git") and os.path.exists(os.path.join(folder, ".git")) else None
-    pinned = str(job.get("nemo_rl_commit") or "")
-    if head and head.returncode == 0 and pinned and head.stdout.strip() != pinned:
+    pinned = str(record["commit"])
+    if head and head.returncode == 0 and head.stdout.strip() != pinned:
         return (f"NeMo RL at {folder} is at {head.stdout.strip()[:12]}, the launcher's record of its configs is "
                 f"of {pinned[:12]}; use a container built at that commit")
     return None

@@ -1,13 +1,15 @@
 """`ultra3 rl` on the local Slurm cluster's two nodes (partition `multi`, one fake GPU each from Slurm's gres):
 a real Ray cluster over the allocation with the layout's node groups, the cluster preflight (groups joined,
-GPUs per group as Slurm granted them, the job dir written from every node and read back), check_only ending
-there with exit 0, and without NeMo RL on the machine a full run stopping in its preflight with one line.
-State, logs and cancel through `nemotron jobs`. The RL data comes from a real `ultra3 data prep rl -c tiny`."""
+GPUs per group as Slurm granted them, the job dir written from every node and read back, NeMo Skills' sandbox
+port answering on every node), check_only ending there with exit 0, and without NeMo RL on the machine a full
+run stopping in its preflight with one line. State, logs and cancel through `nemotron jobs`. The RL data comes
+from a real `ultra3 data prep rl -c tiny`."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -52,10 +54,26 @@ def test_check_only_brings_up_the_layout_on_two_nodes(cli, rl_inputs):
                  "rl: cluster preflight passed; check_only: stopping before NeMo RL"]:
         assert line in log, log[-4000:]
     assert log.count("preflight ok on ") == 2, log[-4000:]
-    assert '--resources={"ultra3_group_train": 1}' in log and '--resources={"ultra3_group_generation": 1}' in log
+    # each node's group, and its place for NeMo RL's placement (no block topology here: its rank in the job + 1)
+    assert '--resources={"ultra3_group_train": 1, "topo_rank": 1}' in log, log[-4000:]
+    assert '--resources={"ultra3_group_generation": 1, "topo_rank": 2}' in log, log[-4000:]
     assert "--num-gpus=1" in log
     assert not list(Path(job_dir).glob(".ray-probe-*")), "the probes were not cleaned up"
     assert not (Path(job_dir) / "nemo_rl.yaml").exists()  # check_only: NeMo RL's config is not written
+
+
+def test_check_only_waits_for_the_sandbox_on_every_node(cli, rl_inputs):
+    """With sandbox.image set, the probe task on each node waits for NeMo Skills' sandbox port (here a socket of
+    this test, which both nodes of the local cluster reach as localhost; the sidecar srun itself cannot start
+    a container on this cluster and fails beside the job)."""
+    with socket.create_server(("", 0)) as sandbox:
+        port = sandbox.getsockname()[1]
+        job_id, job_dir = submit(cli, "rl", "rlvr", "-c", "tiny", "--batch", "two-gpu-nodes", *rl_inputs,
+                                 "check_only=true", "sandbox.image=/sqsh/nemo-skills.sqsh", f"sandbox.port={port}")
+        _, log = finish(cli, job_id)
+    assert "--container-image=/sqsh/nemo-skills.sqsh" in Path(job_dir, "rl-rlvr_sbatch.sh").read_text()
+    assert f"rl: NeMo Skills' sandbox answers on port {port} on 2 node(s)" in log, log[-4000:]
+    assert "rl: cluster preflight passed; check_only: stopping before NeMo RL" in log
 
 
 def test_without_nemo_rl_the_job_stops_in_its_preflight(cli, rl_inputs):

@@ -43,7 +43,7 @@ def job_configs(checkpoint: str) -> list[str]:
     return sorted(found, key=os.path.getmtime, reverse=True)
 
 
-def training_config(checkpoint: str) -> tuple[dict, str]:
+def training_config(checkpoint: str, key: str = "bf16_checkpoint") -> tuple[dict, str]:
     """The config of the newest job whose checkpoint.save is `checkpoint`, and its code dir (where the job ran)."""
     ckpt = os.path.realpath(os.path.expanduser(checkpoint))
     for path in job_configs(ckpt):
@@ -52,12 +52,12 @@ def training_config(checkpoint: str) -> tuple[dict, str]:
         save = (cfg.get("checkpoint") or {}).get("save")
         if isinstance(save, str) and os.path.realpath(save) == ckpt:
             return cfg, os.path.dirname(path)
-    raise QuantizeError(f"bf16_checkpoint: {checkpoint} is a Megatron checkpoint, but no job config "
+    raise QuantizeError(f"{key}: {checkpoint} is a Megatron checkpoint, but no job config "
                         "(<job dir>/<task>/code/config.yaml) next to it saved there, so its Hugging Face model is "
                         "unknown; give the checkpoint.save dir of a pretrain/sft job, or a Hugging Face checkpoint")
 
 
-def reference_model(train: dict, code_dir: str, dest: str) -> str:
+def reference_model(train: dict, code_dir: str, dest: str, key: str = "bf16_checkpoint") -> str:
     """The Hugging Face model the export is made against: recipe.hf_model (a hub id or a directory), or `dest`
     holding the config.json the training runtime made from the job's model keys, and the job's tokenizer."""
     hf_model = (train.get("recipe") or {}).get("hf_model")
@@ -69,7 +69,7 @@ def reference_model(train: dict, code_dir: str, dest: str) -> str:
 
     tokenizer = (train.get("tokenizer") or {}).get("tokenizer_model")
     if not tokenizer:
-        raise QuantizeError("bf16_checkpoint: the job that saved it names neither recipe.hf_model nor "
+        raise QuantizeError(f"{key}: the job that saved it names neither recipe.hf_model nor "
                             "tokenizer.tokenizer_model; export it to Hugging Face yourself and give that directory")
     local = os.path.join(code_dir, tokenizer)
     os.makedirs(dest, exist_ok=True)
@@ -118,7 +118,7 @@ def export_once(ckpt: str, dest: str, key: str, log) -> str:
         while not os.path.isdir(dest):
             time.sleep(10)
         return dest
-    train, code_dir = training_config(ckpt)
+    train, code_dir = training_config(ckpt, key)
     try:
         import megatron.bridge  # noqa: F401
     except ImportError:
@@ -126,7 +126,7 @@ def export_once(ckpt: str, dest: str, key: str, log) -> str:
                             "Megatron-Bridge: run in a container that has it") from None
     partial = f"{dest}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    reference = reference_model(train, code_dir, f"{dest}.reference")
+    reference = reference_model(train, code_dir, f"{dest}.reference", key)
     log(f"{ckpt} is a Megatron checkpoint: exporting it to Hugging Face with Megatron-Bridge against {reference}")
     started = time.time()
     export(ckpt, reference, partial)
