@@ -115,7 +115,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     for section in ("run", "cluster"):  # the launcher adds keys to these tables: a value there cannot stay
         if section in flat and flat[section] != {}:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
-    _job_shape(stage, executor, flat, origin, report)
+    _job_shape(executor, flat, origin, report)
     flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": f"recipes.{stage.recipe}",
                  "job.executor": executor, "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
                  "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
@@ -221,7 +221,7 @@ def _set_by_user(key: str, origin: dict[str, str]) -> bool:
     return any(src == CLI_SOURCE for k, src in origin.items() if k == key or k.startswith(key + "."))
 
 
-def _job_shape(stage: Stage, executor: str, flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
+def _job_shape(executor: str, flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
     """The job's GPUs per node (run.gpus_per_node) against what the machines have (cluster.*): on this
     machine those are the visible GPUs; a stage config without a count takes the cluster's."""
     here = executors.executor(executor).runs_here
@@ -233,7 +233,7 @@ def _job_shape(stage: Stage, executor: str, flat: dict[str, Any], origin: dict[s
         flat["run.gpus_per_node"] = have
         origin["run.gpus_per_node"] = origin["cluster.gpus_per_node"]
     wanted = flat.get("run.gpus_per_node")
-    if stage.launch != "torchrun" or not isinstance(wanted, int) or not isinstance(have, int) or wanted <= have:
+    if not isinstance(wanted, int) or not isinstance(have, int) or wanted <= have:
         return
     if have == 0 and here:
         report.warn("run.gpus_per_node", f"no GPU visible on {THIS_MACHINE}; the checks assume the config's {wanted} "
