@@ -42,6 +42,7 @@ from .dataprep.settings import cli
 from .quantization import megatron_export
 
 PROG = "rl"
+MCORE_CONTAINER = "NeMo RL's container, whose uv environment has the mcore extra"
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `python -m recipes.rl` runs
 RAY_WAIT_S = 120
 SANDBOX_WAIT_S, SANDBOX_POLL_S = 600, 2  # NeMo RL's ray.sub gives the sandbox 10 minutes too
@@ -214,7 +215,7 @@ def policy(cfg: dict, config: str) -> str:
         return path
     dest = os.path.join(experiment_dir(cfg), "policy-hf")
     if os.path.isdir(dest) or _importable("megatron.bridge") or not shutil.which("uv"):
-        return megatron_export.export_once(path, dest, "policy", log)
+        return megatron_export.export_once(path, dest, "policy", log, MCORE_CONTAINER)
     argv = [*mcore_python(cfg), "-m", "recipes.rl", "--config", os.path.abspath(config), "--export-policy"]
     log("+ " + " ".join(argv))
     code = subprocess.run(argv, cwd=CODE_ROOT, check=False).returncode
@@ -228,7 +229,8 @@ def export_policy(config: str) -> int:
     """`--export-policy`: only the Megatron policy's export (policy() runs it under a Python with Megatron)."""
     with open(config) as f:
         cfg = yaml.safe_load(f)
-    megatron_export.export_once(str(cfg["policy"]), os.path.join(experiment_dir(cfg), "policy-hf"), "policy", log)
+    megatron_export.export_once(str(cfg["policy"]), os.path.join(experiment_dir(cfg), "policy-hf"), "policy", log,
+                                MCORE_CONTAINER)
     return 0
 
 

@@ -108,7 +108,7 @@ def to_hf(cfg: dict, log) -> str:
     return export_once(ckpt, dest, "bf16_checkpoint", log)
 
 
-def export_once(ckpt: str, dest: str, key: str, log) -> str:
+def export_once(ckpt: str, dest: str, key: str, log, container: str = "the training container") -> str:
     """The Megatron checkpoint `ckpt` (the value of config key `key`) exported to Hugging Face at `dest`, made
     by the first rank, once: a re-run reuses it; the other ranks wait for it."""
     if os.path.isdir(dest):
@@ -123,7 +123,7 @@ def export_once(ckpt: str, dest: str, key: str, log) -> str:
         import megatron.bridge  # noqa: F401
     except ImportError:
         raise QuantizeError(f"{key}: {ckpt} is a Megatron checkpoint, and exporting it needs "
-                            "Megatron-Bridge: run in a container that has it") from None
+                            f"Megatron-Bridge: run in {container}") from None
     partial = f"{dest}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     reference = reference_model(train, code_dir, f"{dest}.reference", key)
