@@ -24,13 +24,12 @@ PROFILES = """
 [two-nodes]
 extends = "ci-cpu"
 partition = "multi"
-nodes = 2
 
 [two-gpu-nodes]
 extends = "ci"
 partition = "multi"
-nodes = 2
 """
+TWO = "run.nodes=2"  # the tiny configs size their jobs (one node): a profile's `nodes` would not change that
 NODES = ["node 0 of 2: localhost", "node 1 of 2: localhost2"]
 
 
@@ -46,7 +45,7 @@ def two_nodes(slurm, home):
 def run_both(cli, *stage: str, config: str = "tiny") -> tuple[Path, Path, str]:
     """The stage on one node and on two at once; (one-node job dir, two-node job dir, two-node log)."""
     one = submit(cli, *stage, "-c", config, "--batch", "ci-cpu")
-    two = submit(cli, *stage, "-c", config, "--batch", "two-nodes")
+    two = submit(cli, *stage, "-c", config, "--batch", "two-nodes", TWO)
     finish(cli, one[0])
     _, log = finish(cli, two[0])
     for line in [*NODES, "ray cluster up: 2 nodes (127.0.0.1 with 1 CPU(s), 127.0.0.2 with 1 CPU(s))"]:
@@ -109,7 +108,7 @@ def test_sft_data_prep_on_two_nodes(two_nodes, cli):
 
 
 def test_torchrun_stage_runs_its_preflight_on_both_nodes(two_nodes, cli):
-    job_id, job_dir = submit(cli, "pretrain", "-c", "tiny", "--batch", "two-gpu-nodes")
+    job_id, job_dir = submit(cli, "pretrain", "-c", "tiny", "--batch", "two-gpu-nodes", TWO)
     status, log = finish(cli, job_id, "FAILED (exit code 3)")
     assert all(line in log for line in NODES), log[-3000:]
     failed = re.findall(r"PREFLIGHT FAILED on \S+: [^\n]*?not importable: megatron\.bridge", log)

@@ -101,8 +101,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
         if options.profile_name else None
     executor = profile.executor if profile else "local"
     if profile:
-        layers.append(Layer(profile.source, {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v
-                                             for k, v in flatten(profile.values).items()}))
+        layers.append(_profile_layer(stage, profile, layers, report))
     if options.pipe_layer:
         layers.append(options.pipe_layer)
     layers.append(parse_overrides(options.overrides))
@@ -146,6 +145,20 @@ def compile_job(stage: Stage, options: Options) -> Job:
     if report.errors:
         raise InvalidConfig(report.errors)
     return job
+
+
+def _profile_layer(stage: Stage, profile: Profile, below: list[Layer], report: Report) -> Layer:
+    """The profile's values as a layer: its run.* and cluster.* keys, and the stage keys it sets that this stage
+    has (RL's sandbox, [wandb]). A stage config that sizes its own job (run.nodes) keeps it: the profile's
+    `nodes` sizes only the configs that do not (as in NVIDIA's CLI)."""
+    values = {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v for k, v in flatten(profile.values).items()}
+    sized = next((layer.source for layer in reversed(below) if "run.nodes" in layer.values), None)
+    if sized and "run.nodes" in values:
+        report.note("run.nodes", f"{values.pop('run.nodes')} from {profile.source} is not used: {sized} sizes "
+                                 "this job (run.nodes=N on the command line overrides it)")
+    values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema, k)})
+    report.findings += profile.notes
+    return Layer(profile.source, values)
 
 
 def _wire(stage: Stage, options: Options, flat: dict[str, Any], origin: dict[str, str]) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import InvalidConfig, UserError
 from .findings import Finding, Report
+from .nvidia_profile import translate
 from .schema import CLUSTER, EXECUTORS, RUN_KEYS, check, run_schema, suggest
 
 ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
@@ -24,6 +25,8 @@ ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
 SECRET_FIX = ("export {name} where you submit from (for SSH profiles: in the login node's environment); "
               "the job inherits it from the environment")
 RESERVED = ("artifacts", "wandb", "cli", "cache")  # settings tables, not profiles
+UNUSED_TABLES = {"cli": "NVIDIA's CLI colours its dry run with it; ultra3 prints plain text, so it is not read",
+                 "cache": "NVIDIA's CLI keeps its git clones there; ultra3 clones nothing, so it is not read"}
 SECRET_NAME = re.compile(r"TOKEN(?!IZ)|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
 
 
@@ -34,6 +37,8 @@ class Profile:
     values: dict[str, Any]  # run.* keys, without `executor` and `extends`
     file: Path
     artifacts_root: str | None = None  # [artifacts] manifest.root of its env.toml
+    stage_values: dict[str, Any] = field(default_factory=dict)  # stage keys it sets (RL's sandbox, [wandb]), dotted
+    notes: list[Finding] = field(default_factory=list)  # NVIDIA's CLI keys read under our names
 
     @property
     def source(self) -> str:
@@ -96,14 +101,45 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
         choices = " or ".join(f'"{e}"' for e in EXECUTORS)
         raise UserError(f"{path} [{name}]: executor is {got}; set executor = {choices}")
     report = Report()
+    values = _env_placeholders(values, path, name)
+    stage_values = translate(values, flag, report)
+    stage_values.update(wandb_values(profiles.get("wandb")))
+    for table, why in UNUSED_TABLES.items():
+        if profiles.get(table):
+            report.note(f"[{table}]", why)
     check_run_keys(values, executor, report, {}, extra=CLUSTER)
     for var in values.get("env") or {}:
         if SECRET_NAME.search(var):
             report.error(f"env.{var}", "secrets don't belong in env.toml: " + SECRET_FIX.format(name=var))
+    where = f"{path.name} [{name}]"
     if report.errors:
-        where = f"{path.name} [{name}]"
         raise InvalidConfig([Finding("error", f"{where} {f.key}", f.message) for f in report.errors])
-    return Profile(name, executor, values, path, artifacts_root(profiles, path))
+    return Profile(name, executor, values, path, artifacts_root(profiles, path), stage_values,
+                   [Finding("note", f"{where} {f.key}", f.message) for f in report.findings])
+
+
+def wandb_values(table: Any) -> dict[str, Any]:
+    """[wandb] project and entity, for the stages that log to W&B (training's logger.*, RL's wandb.*)."""
+    if not isinstance(table, dict):
+        return {}
+    out = {}
+    for key in ("project", "entity"):
+        if table.get(key):
+            out[f"logger.wandb_{key}"] = out[f"wandb.{key}"] = table[key]
+    return out
+
+
+def _env_placeholders(values: dict[str, Any], path: Path, name: str) -> dict[str, Any]:
+    """`${oc.env:VAR,default}` placeholders resolved from the submitting shell, as NVIDIA's CLI does."""
+    if "${" not in repr(values):
+        return values
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create(values), resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise UserError(f"{path} [{name}] {getattr(e, 'full_key', '')}: {str(e).splitlines()[0]}") from None
 
 
 def artifacts_root(tables: dict[str, Any], path: Path) -> str | None:

@@ -195,6 +195,16 @@ def suggest(key: str, choices: list[str]) -> str:
     return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(choices))}"
 
 
+def has_key(schema: Schema, dotted: str) -> bool:
+    """Whether a dotted key names a leaf of `schema`."""
+    node: Any = schema
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return not isinstance(node, dict)
+
+
 def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], prefix: str = "") -> None:
     """Report every unknown key and wrongly typed value of `tree`; `origin` maps a dotted key to
     where it was set, so each error names the file or the command line to fix."""

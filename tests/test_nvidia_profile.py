@@ -1,0 +1,97 @@
+"""An env.toml written for NVIDIA's Nemotron CLI, through the real CLI: its quick-start profile works unedited,
+each of its profile keys is honoured under our name (a note says so) or refused with what to write instead,
+`${oc.env:...}` placeholders resolve, and a stage config that sizes its own job keeps its node count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+QUICK_START = """
+[YOUR-CLUSTER]
+executor = "slurm"
+account = "YOUR-ACCOUNT"
+partition = "batch"
+nodes = 48
+ntasks_per_node = 8
+gpus_per_node = 8
+mounts = ["/lustre:/lustre"]
+
+[wandb]
+project = "ultra3"
+entity = "my-team"
+"""
+
+
+@pytest.fixture
+def nvidia(home):
+    Path("env.toml").write_text(QUICK_START)
+    return home
+
+
+def write(profile: str) -> None:
+    Path("env.toml").write_text(QUICK_START + profile)
+
+
+def test_quick_start_profile_keeps_the_tiny_job_on_one_node(cli, nvidia):
+    r = cli("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+    assert r.rc == 0, r.err
+    assert "note: run.nodes: 48 from profile 'YOUR-CLUSTER' (env.toml) is not used: configs/_shared/tiny.yaml " \
+           "sizes this job" in r.out
+    assert "note: env.toml [YOUR-CLUSTER] ntasks_per_node: 8: one launcher per node starts one rank per GPU" in r.out
+    assert "#SBATCH --nodes=1\n" in r.out and "logger.wandb_project" in r.out  # [wandb] reaches the logger
+    wide = cli("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "run.nodes=2")
+    assert "#SBATCH --nodes=2\n" in wide.out  # the command line still wins
+
+
+HONOURED = [
+    ('container = "/lustre/img.sqsh"', "container: read as container_image", "--container-image /lustre/img.sqsh"),
+    ('env_vars = {NCCL_DEBUG = "INFO"}', "env_vars: read as env", "export NCCL_DEBUG=INFO"),
+    ('setup_lines = "module load cuda"', "setup_lines: read as setup", "module load cuda"),
+    ('run_partition = "interactive"', "run_partition: 'interactive' is the partition of this --run submission",
+     "#SBATCH --partition=interactive"),
+    ('lustre_mount = "/scratch:/scratch"', "lustre_mount: '/scratch:/scratch' added to mounts", "/scratch:/scratch"),
+    ('build_image = "x"', "build_image: configures image builds, which no stage job reads; ignored here", ""),
+    ('account = "${oc.env:ULTRA3_TEST_ACCOUNT,fallback-acct}"', "", "#SBATCH --account=fallback-acct"),
+]
+
+
+@pytest.mark.parametrize("line,note,shown", HONOURED, ids=[h[0].split(" ")[0] for h in HONOURED])
+def test_nvidia_key_is_honoured(cli, nvidia, line, note, shown):
+    write(f"\n[mine]\nextends = \"YOUR-CLUSTER\"\n{line}\n")
+    r = cli("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
+    assert r.rc == 0, r.err
+    assert not note or f"note: env.toml [mine] {note}" in r.out, r.out[:2000]
+    assert shown in r.out
+
+
+REFUSED = [
+    ('startup_commands = ["pip install x"]', "startup_commands: NVIDIA's CLI key has no equivalent here: ultra3 runs "
+                                             "no per-task commands"),
+    ('run_command = "python {script}"', "run_command: NVIDIA's CLI key has no equivalent here"),
+    ("apptainer = true", "apptainer: NVIDIA's CLI key has no equivalent here"),
+    ("ntasks_per_node = 4", "ntasks_per_node: 4 tasks per node with gpus_per_node = 8: ultra3 runs one rank per GPU"),
+    ('tunnel = "docker"', "tunnel: must be \"ssh\""),
+]
+
+
+@pytest.mark.parametrize("line,error", REFUSED, ids=[r[0].split(" ")[0] for r in REFUSED])
+def test_nvidia_key_is_refused_with_its_fix(cli, nvidia, line, error):
+    write(f"\n[mine]\nextends = \"YOUR-CLUSTER\"\n{line}\n")
+    r = cli("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
+    lines = r.err.splitlines()
+    assert r.rc == 2 and len(lines) == 1 and lines[0].startswith(f"error: env.toml [mine] {error}"), r.err
+
+
+def test_rl_keys_of_a_profile_reach_the_rl_stages(cli, nvidia):
+    write('\n[rl]\nextends = "YOUR-CLUSTER"\nsif_dir = "/lustre/sif"\npersistent_cache = "/lustre/cache"\n'
+          'sandbox = {container = "/lustre/sandbox.sqsh", port = 6001}\n')
+    r = cli("rl", "teacher", "-c", "swe", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d")
+    assert r.rc == 0, r.err
+    assert "sif_dir: /lustre/sif" in r.out and "VLLM_CACHE_ROOT: /lustre/cache/vllm" in r.out
+    rlvr = cli("rl", "rlvr", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d",
+                    "judges.genrm_model=/g", "sif_dir=null")
+    assert rlvr.rc == 0, rlvr.err
+    assert "--container-image=/lustre/sandbox.sqsh" in rlvr.out and "NGINX_PORT=6001" in rlvr.out
+    assert "project: ultra3" in rlvr.out and "entity: my-team" in rlvr.out  # [wandb] -> wandb.*
