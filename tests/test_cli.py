@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 
@@ -228,3 +229,29 @@ def test_data_prep_flags_are_their_config_keys(cli):
     bad = cli("data", "prep", "sft", "-c", "tiny", "--sample", "many", "-d")
     assert bad.rc == 2 and "'--sample'" in bad.err and len(bad.err_lines) == 1
     assert cli("pretrain", "-c", "tiny", "--sample", "3", "-d").rc == 2  # a data-prep flag only
+
+
+def test_version(cli):
+    from ultra3 import __version__
+
+    assert cli("--version").out == f"ultra3 {__version__}\n"
+    assert cli("--version", prog="nemotron").out == f"nemotron {__version__}\n"
+
+
+@pytest.mark.parametrize("args,prog,hint", [
+    (["data", "pretrain"], "ultra3", "error: No such command 'pretrain'; did you mean 'ultra3 data prep pretrain'? "
+                                     "(see 'ultra3 data --help')"),
+    (["SFT"], "ultra3", "error: No such command 'SFT'; did you mean 'ultra3 sft'? (see 'ultra3 --help')"),
+    (["nano3", "pretrain"], "nemotron", "error: No such command 'nano3'; this launcher has the Nemotron 3 Ultra stages "
+                                        "only: nemotron ultra3 --help (see 'nemotron --help')"),
+])
+def test_unknown_command_gets_a_did_you_mean(cli, args, prog, hint):
+    r = cli(*args, prog=prog)
+    assert r.rc == 2 and r.err.splitlines() == [hint]
+
+
+def test_stage_help_lists_the_profiles_of_the_env_file_given(cli, home, tmp_path):
+    other = tmp_path / "other.toml"
+    other.write_text('[elsewhere]\nexecutor = "local"\n')
+    r = cli("pretrain", "--help", "--env-file", str(other))
+    assert f"Profiles (--run/--batch): elsewhere in {other}" in r.out

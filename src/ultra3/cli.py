@@ -6,8 +6,10 @@ only when a job is submitted to Slurm.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -70,7 +72,7 @@ class StageCommand(TyperCommand):
         from .paths import config_names
         from .profiles import profile_names
 
-        path, profiles = profile_names()
+        path, profiles = profile_names(_env_file_arg(sys.argv[1:]))
         lines = ["\b", f"Configs (-c): {', '.join(config_names(self.stage.config_dir))}"]
         lines.append(f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
                      f"{f' in {path}' if path else ' (no env.toml found)'}")
@@ -246,17 +248,52 @@ def build_nemotron() -> typer.Typer:
     return app
 
 
+def _env_file_arg(argv: list[str]) -> str | None:
+    """--env-file's value on the command line, for help (which is shown before the options are parsed)."""
+    for i, arg in enumerate(argv):
+        if arg == "--env-file" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--env-file="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _command_hint(ctx, word: str) -> str:
+    """For an unknown command: the stage whose words hold the typed ones in order (`data pretrain` ->
+    `data prep pretrain`), else a close name among this group's commands (`SFT` -> `sft`)."""
+    if ctx is None:
+        return ""
+    typed = [*ctx.command_path.split()[1:], word.lower()]
+    if ctx.command_path.split()[0] == "nemotron" and typed[0] != "ultra3":
+        return f"; this launcher has the Nemotron 3 Ultra stages only: nemotron ultra3 {' '.join(typed[1:] or ['--help'])}"
+    typed = [w for w in typed if w != "ultra3"]
+    for stage in sorted(STAGES, key=lambda s: len(s.words)):
+        words = iter(stage.words)
+        if all(w in words for w in typed):
+            return f"; did you mean '{' '.join(['ultra3', *stage.words])}'?"
+    commands = list(getattr(ctx.command, "commands", {}) or {})
+    close = difflib.get_close_matches(word.lower(), commands, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def _main(app: typer.Typer, prog: str) -> None:
+    from . import __version__
     from .errors import LauncherError
 
+    if sys.argv[1:2] == ["--version"]:
+        print(f"{prog} {__version__}")
+        sys.exit(0)
     try:
         code = typer.main.get_command(app).main(sys.argv[1:], prog_name=prog, standalone_mode=False)
     except cx.NoArgsIsHelpError as e:
         print(e.ctx.get_help() if e.ctx else "")
         code = 0
     except cx.UsageError as e:  # one line, exit 2: unknown option, missing value, bad type...
-        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
-        print(f"error: {e.format_message()}{hint}", file=sys.stderr)
+        message = e.format_message()
+        unknown = re.fullmatch(r"No such command '(.+)'\.", message)  # click's own did-you-mean is kept
+        hint = _command_hint(e.ctx, unknown.group(1)) if unknown else ""
+        hint += f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        print(f"error: {message.removesuffix('.') if hint.startswith(';') else message}{hint}", file=sys.stderr)
         code = 2
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
