@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ultra3 import cost
+from ultra3 import cost, cost_data_prep
 from ultra3.compile import Options, compile_job
 from ultra3.stages import STAGES
 
@@ -124,21 +124,21 @@ def test_quantize_tiny_on_cpu_from_measured_only(home):
 
 
 def test_data_prep_of_the_local_sample_gives_core_hours(home):
-    e = cost.data_prep(config("data prep pretrain", "tiny"), [])
+    e = cost_data_prep.data_prep(config("data prep pretrain", "tiny"), [])
     text = len(gzip.open(TINY / "corpus.jsonl.gz").read()) + (TINY / "encyclopedia.parquet").stat().st_size
-    assert e.cpu_core_hours * 3600 == pytest.approx(text / 4 / cost.TEXT_TOKENS_PER_S, rel=1e-3)
+    assert e.cpu_core_hours * 3600 == pytest.approx(text / 4 / cost_data_prep.TEXT_TOKENS_PER_S, rel=1e-3)
     assert e.gpu_hours is None and "local bytes/4" in e.basis and "per core" in e.basis
     assert e.wall_hours is not None  # on this machine's cores
-    sft = cost.data_prep(config("data prep sft", "tiny"), [])
+    sft = cost_data_prep.data_prep(config("data prep sft", "tiny"), [])
     assert "HF tokenizers" in sft.basis and sft.cpu_core_hours > 0
 
 
 def test_data_prep_of_hub_datasets_needs_a_sample_or_a_measurement(home):
     cfg = config("data prep pretrain")
-    assert "hf://" in cost.data_prep(cfg, []).unknown
-    sampled = cost.data_prep(config("data prep pretrain", "default", None, "sample=1000"), [])
-    assert sampled.cpu_core_hours * 3600 == pytest.approx(12 * 1000 * 2300 / 4 / cost.TEXT_TOKENS_PER_S, rel=1e-3)
-    e = cost.data_prep(cfg, [manifest(cfg, 3600.0, "ultra3-data-prep-pretrain_1", tokens=10**9)])
+    assert "hf://" in cost_data_prep.data_prep(cfg, []).unknown
+    sampled = cost_data_prep.data_prep(config("data prep pretrain", "default", None, "sample=1000"), [])
+    assert sampled.cpu_core_hours * 3600 == pytest.approx(12 * 1000 * 2300 / 4 / cost_data_prep.TEXT_TOKENS_PER_S, rel=1e-3)
+    e = cost_data_prep.data_prep(cfg, [manifest(cfg, 3600.0, "ultra3-data-prep-pretrain_1", tokens=10**9)])
     assert e.basis == "measured: 1 h for 1,000,000,000 tokens by ultra3-data-prep-pretrain_1"
     assert e.wall_hours == pytest.approx(1.0)
 
@@ -147,7 +147,7 @@ def test_data_prep_of_hub_datasets_needs_a_sample_or_a_measurement(home):
 
 
 def test_total_sums_what_is_known_and_counts_the_unknown(home):
-    prep = cost.data_prep(config("data prep pretrain", "tiny"), [])
+    prep = cost_data_prep.data_prep(config("data prep pretrain", "tiny"), [])
     train = cost.training(config("pretrain", "default", "blackwell"), [])
     quant = cost.quantize(config("quantize", "tiny"), [])
     t = cost.total([prep, train, quant])

@@ -114,7 +114,7 @@ def data_prep_stage(kind: str, summary: str, schema: dict, output: Output, examp
     """A data prep: CPUs only, on Ray (embedded, over the allocation, or an existing cluster)."""
     return Stage(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", schema,
                  "ultra3.validation.data_prep.validate_data_prep", examples=examples, flags=DATA_PREP_FLAGS,
-                 outputs=(output,), checks=DATA_PREP_CHECKS, cost="ultra3.cost.data_prep")
+                 outputs=(output,), checks=DATA_PREP_CHECKS, cost="ultra3.cost_data_prep.data_prep")
 
 
 def rl_stage(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> Stage:
