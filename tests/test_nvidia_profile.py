@@ -34,14 +34,14 @@ def write(profile: str) -> None:
     Path("env.toml").write_text(QUICK_START + profile)
 
 
-def test_quick_start_profile_keeps_the_tiny_job_on_one_node(cli, nvidia):
-    r = cli("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+def test_quick_start_profile_keeps_the_tiny_job_on_one_node(cli_here, nvidia):
+    r = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
     assert r.rc == 0, r.err
     assert "note: run.nodes: 48 from profile 'YOUR-CLUSTER' (env.toml) is not used: configs/_shared/tiny.yaml " \
            "sizes this job" in r.out
     assert "note: env.toml [YOUR-CLUSTER] ntasks_per_node: 8: one launcher per node starts one rank per GPU" in r.out
     assert "#SBATCH --nodes=1\n" in r.out and "logger.wandb_project" in r.out  # [wandb] reaches the logger
-    wide = cli("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "run.nodes=2")
+    wide = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "run.nodes=2")
     assert "#SBATCH --nodes=2\n" in wide.out  # the command line still wins
 
 
@@ -58,9 +58,9 @@ HONOURED = [
 
 
 @pytest.mark.parametrize("line,note,shown", HONOURED, ids=[h[0].split(" ")[0] for h in HONOURED])
-def test_nvidia_key_is_honoured(cli, nvidia, line, note, shown):
+def test_nvidia_key_is_honoured(cli_here, nvidia, line, note, shown):
     write(f"\n[mine]\nextends = \"YOUR-CLUSTER\"\n{line}\n")
-    r = cli("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
+    r = cli_here("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
     assert r.rc == 0, r.err
     assert not note or f"note: env.toml [mine] {note}" in r.out, r.out[:2000]
     assert shown in r.out
@@ -77,20 +77,20 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("line,error", REFUSED, ids=[r[0].split(" ")[0] for r in REFUSED])
-def test_nvidia_key_is_refused_with_its_fix(cli, nvidia, line, error):
+def test_nvidia_key_is_refused_with_its_fix(cli_here, nvidia, line, error):
     write(f"\n[mine]\nextends = \"YOUR-CLUSTER\"\n{line}\n")
-    r = cli("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
+    r = cli_here("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
     lines = r.err.splitlines()
     assert r.rc == 2 and len(lines) == 1 and lines[0].startswith(f"error: env.toml [mine] {error}"), r.err
 
 
-def test_rl_keys_of_a_profile_reach_the_rl_stages(cli, nvidia):
+def test_rl_keys_of_a_profile_reach_the_rl_stages(cli_here, nvidia):
     write('\n[rl]\nextends = "YOUR-CLUSTER"\nsif_dir = "/lustre/sif"\npersistent_cache = "/lustre/cache"\n'
           'sandbox = {container = "/lustre/sandbox.sqsh", port = 6001}\n')
-    r = cli("rl", "teacher", "-c", "swe", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d")
+    r = cli_here("rl", "teacher", "-c", "swe", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d")
     assert r.rc == 0, r.err
     assert "sif_dir: /lustre/sif" in r.out and "VLLM_CACHE_ROOT: /lustre/cache/vllm" in r.out
-    rlvr = cli("rl", "rlvr", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d",
+    rlvr = cli_here("rl", "rlvr", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d",
                     "judges.genrm_model=/g", "sif_dir=null")
     assert rlvr.rc == 0, rlvr.err
     assert "--container-image=/lustre/sandbox.sqsh" in rlvr.out and "NGINX_PORT=6001" in rlvr.out

@@ -24,7 +24,8 @@ def job_config(record: JobRecord) -> dict:
         return {}
 
 
-def print_lineage(record: JobRecord, out: TextIO = sys.stdout) -> None:
+def print_lineage(record: JobRecord, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # the stream of the moment, not the one at import
     job = job_config(record).get("job") or {}
     if not job.get("artifacts_root"):
         out.write(f"{record.id}: its job dir holds no artifact record (submitted before artifacts, or not "

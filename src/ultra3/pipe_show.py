@@ -10,7 +10,8 @@ from typing import TextIO
 from .config import CLI_SOURCE
 
 
-def print_plan(path: Path, steps: list, options, out: TextIO = sys.stdout) -> None:
+def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # the stream of the moment, not the one at import
     from .executors import executor
 
     first = next(s.job for s in steps if s.job)
