@@ -299,10 +299,22 @@ def test_profile_user_errors(tmp_path, toml, name, message):
       "from (for SSH profiles: in the login node's environment); the job inherits it from the environment"]),
 ])
 def test_profile_schema_errors_one_line_each(tmp_path, toml, lines):
+    """Kept on the profile, its bad keys left out, for the stage's check to report with its own errors."""
     env = write(tmp_path / "env.toml", toml)
-    with pytest.raises(InvalidConfig) as e:
-        load_profile("a", str(env))
-    assert e.value.lines() == lines
+    profile = load_profile("a", str(env))
+    assert InvalidConfig(profile.errors).lines() == lines
+    assert not {line.split()[3].rstrip(":") for line in lines} & set(flatten(profile.values))
+
+
+def test_profile_and_config_errors_come_in_one_round(cli_here, tmp_path):
+    env = write(tmp_path / "env.toml", "[a]\nexecutor = 'slurm'\naccount = 'x'\nparttion = 'p'\ngpus_per_node = 1\n")
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "a", "--env-file", str(env), "--dry-run",
+                 "train.global_batch_size=3", "train.micro_batch_size=2", "model.num_layrs=4")
+    assert r.rc == 2 and r.out == ""
+    assert r.err_lines[0] == "error: env.toml [a] parttion: unknown key; did you mean 'partition'?", r.err
+    assert any(line.startswith("error: model.num_layrs: unknown key") for line in r.err_lines), r.err
+    assert any(line.startswith("error: train.global_batch_size: global batch 3 is not divisible") for line in
+               r.err_lines), r.err
 
 
 def test_secret_names():

@@ -86,9 +86,9 @@ def test_a_required_input_with_nothing_to_take_names_the_stage_to_run(cli, home)
     assert r.rc == 2
     line = next(line for line in r.err_lines if line.startswith("error: dataset.blend_path"))
     assert "no pretrain-data artifact for this machine in " in line
-    assert "run `ultra3 data prep pretrain` first, or set dataset.blend_path=PATH (or job:ID, NAME:latest) (not " \
+    assert "run `ultra3 data prep pretrain -c tiny` first, or set dataset.blend_path=PATH (or job:ID, NAME:latest) (not " \
            "needed when dataset.mock is set)" in line
-    batch = cli("sft", "-c", "tiny", "--batch", "ci", "--dry-run")
+    batch = cli("sft", "--batch", "ci", "--dry-run", "dataset.mock=true")
     assert batch.rc == 2
     assert any("no pretrain-checkpoint artifact for profile 'ci'" in line and
                "run `ultra3 pretrain --batch ci` first" in line for line in batch.err_lines), batch.err

@@ -20,6 +20,7 @@ from typing import Any
 from .contract import artifact_name, is_manifest, read_store, resolve_ref, sample_dir
 from .errors import ClusterError
 from .findings import Report
+from .paths import config_names
 from .stages import Input, Stage, producers
 
 JOB_REF = "job:"
@@ -140,12 +141,16 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             source = from_manifest(manifest) if manifest and manifest.get("type") in inp.kinds else None
         elif value not in (None, ""):
             source, given = Source(str(value), f"set in {origin.get(inp.key)}"), True
-        elif needed(inp, config) or inp.configs:
+        elif needed(inp, config) or inp.configs or optional(inp, config):
             mine = get(config, "job.config") if inp.same_config else None
             manifest = store.newest(inp.kinds, profile, mine, inp.configs)
             if manifest is None:
                 if needed(inp, config):
-                    report.error(inp.key, _nothing_found(stage, inp, profile, store))
+                    report.error(inp.key, _nothing_found(stage, inp, profile, store, mine))
+                elif optional(inp, config):
+                    report.warn(inp.key, f"no {' or '.join(inp.kinds)} artifact for {_whose(profile)}: {stage.name} "
+                                         f"starts without its {inp.name} input ({inp.optional_when} is set); run "
+                                         f"`{hint(inp, profile, mine)}` first to start from one")
             else:
                 source = from_manifest(manifest)
                 if mine and manifest.get("config") != mine:
@@ -159,7 +164,15 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
 
 
 def needed(inp: Input, config: dict[str, Any]) -> bool:
-    return inp.required and not (inp.unless and get(config, inp.unless))
+    return inp.required and not (inp.unless and get(config, inp.unless)) and not optional(inp, config)
+
+
+def optional(inp: Input, config: dict[str, Any]) -> bool:
+    return bool(inp.optional_when and get(config, inp.optional_when)) and not (inp.unless and get(config, inp.unless))
+
+
+def _whose(profile: str | None) -> str:
+    return f"profile '{profile}'" if profile else "this machine"
 
 
 def _is_ref(value: str) -> bool:
@@ -168,18 +181,22 @@ def _is_ref(value: str) -> bool:
         and bool(name)
 
 
-def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store) -> str:
-    command = hint(inp, profile)
-    whose = f"profile '{profile}'" if profile else "this machine"
+def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: str | None) -> str:
+    command = hint(inp, profile, config)
+    whose = _whose(profile)
     first = f"run `{command}` first, or " if command else ""
     skip = f" (not needed when {inp.unless} is set)" if inp.unless else ""
     return (f"no {' or '.join(inp.kinds)} artifact for {whose} in {store.root}: {stage.name} needs its {inp.name} "
             f"input; {first}set {inp.key}=PATH (or job:ID, NAME:latest){skip}")
 
 
-def hint(inp: Input, profile: str | None) -> str:
+def hint(inp: Input, profile: str | None, config: str | None = None) -> str:
+    """The command that makes this input: of the consumer's config name where the maker has one (tiny for tiny)."""
     makers = [s for kind in inp.kinds for s in producers(kind)]
-    return f"ultra3 {makers[0].name}{f' --batch {profile}' if profile else ''}" if makers else ""
+    if not makers:
+        return ""
+    same = inp.same_config and config not in (None, "default") and config in config_names(makers[0].config_dir)
+    return f"ultra3 {makers[0].name}{f' -c {config}' if same else ''}{f' --batch {profile}' if profile else ''}"
 
 
 def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None], profile: str | None) -> list[dict]:
@@ -187,7 +204,7 @@ def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None
     return [{"name": inp.name, "key": inp.key, "kinds": list(inp.kinds), "required": needed(inp, config),
              "path": src.path if src else None, "producer": src.producer if src else None,
              "artifact": src.artifact if src else None, "how": src.how if src else None,
-             "hint": hint(inp, profile),
+             "hint": hint(inp, profile, get(config, "job.config")),
              "pending": bool(src and src.pending)}
             for inp, src in zip(stage.inputs, sources)]
 

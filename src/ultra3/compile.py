@@ -13,7 +13,7 @@ from . import schema as schemas
 from .artifacts import Source
 from .contract import NAME
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
-from .errors import InvalidConfig
+from .errors import InvalidConfig, UserError
 from .findings import Report
 from .gpus import visible_gpu_count
 from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
@@ -129,11 +129,32 @@ def compile_job(stage: Stage, options: Options) -> Job:
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
                   {**{k: v for k, v in stage.schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
     _check_secrets(flat, origin, report)
+    # every error in one round: the later checks run on what is left; a check tripping over a value already
+    # reported stays quiet
+    early, first = {f.key for f in report.errors}, len(report.findings)
+    try:
+        job = _checked(stage, options, config_path, profile, executor, tree, origin, base_sources, report, flat)
+    except UserError as e:
+        if not report.errors or isinstance(e, InvalidConfig):
+            raise
+        key, _, message = str(e).partition(": ")
+        report.error(key, message)
+    except Exception:
+        if not report.errors:
+            raise
+    report.findings[first:] = [f for f in report.findings[first:] if f.level != "error" or f.key not in early]
     if report.errors:
         raise InvalidConfig(report.errors)
+    return job
 
+
+def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile | None, executor: str,
+             tree: dict[str, Any], origin: dict[str, str], base_sources: set[str], report: Report,
+             flat: dict[str, Any]) -> Job:
+    """The resolved config through precision settling, the executor's rules, the inputs and the stage's rules."""
     config = resolve(tree)
     config.setdefault("cluster", {})
+    report.config, report.origin = config, origin  # findings quote values with their sources
     for key, value in settle_precision(config, origin, report).items():  # TE env vars, FP32 grad reduction
         flat[key] = value
         artifacts.put(config, key, value)
@@ -142,8 +163,6 @@ def compile_job(stage: Stage, options: Options) -> Job:
     _settle_inputs(job)
     if validator := stage.validate():
         validator(config, report)
-    if report.errors:
-        raise InvalidConfig(report.errors)
     return job
 
 
@@ -157,7 +176,7 @@ def _profile_layer(stage: Stage, profile: Profile, below: list[Layer], report: R
         report.note("run.nodes", f"{values.pop('run.nodes')} from {profile.source} is not used: {sized} sizes "
                                  "this job (run.nodes=N on the command line overrides it)")
     values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema, k)})
-    report.findings += profile.notes
+    report.findings += profile.notes + profile.errors
     return Layer(profile.source, values)
 
 

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 import yaml
 
 from . import cost
-from .artifacts import source_line
+from .artifacts import optional, source_line
 
 from .compile import Job, changed_keys
 from .executors import executor
@@ -54,7 +54,8 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
         if src:
             out.write(source_line(inp.key, src) + "\n")
         else:
-            why = f"{inp.unless} is set" if inp.unless and job.flat.get(inp.unless) else "optional, unset"
+            why = f"{inp.unless} is set" if inp.unless and job.flat.get(inp.unless) else \
+                f"none yet, optional: {inp.optional_when} is set" if optional(inp, job.config) else "optional, unset"
             out.write(f"{inp.key}: not needed ({why})\n")
     for made in job.config["job"]["produces"]:
         out.write(f"produces {made['name']} ({made['kind']}) at {made['path']}\n")

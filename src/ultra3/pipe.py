@@ -120,14 +120,16 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     """Compile every step, wired to the outputs of the ones before it; every error of every step, or the
     chain ready to submit."""
     path, entries = load(options.config)
-    if options.run or options.batch:  # a bad profile is one error, not one per step
-        load_profile(options.run or options.batch, options.env_file, "--run" if options.run else "--batch")
+    profile_errors: list[Finding] = []  # reported once, not once per step
+    if options.run or options.batch:
+        profile_errors = load_profile(options.run or options.batch, options.env_file,
+                                      "--run" if options.run else "--batch").errors
     before, chosen = _select(entries, options.start, options.stop)
     per_step = _split_overrides(options.overrides, entries)
     made: dict[str, Source] = {}  # artifact kind -> the newest maker in the chain so far
     made_as: dict[tuple[str, str], Source] = {}  # (kind, config) -> the same, for inputs of one config's output
     unmade: dict[str, str] = {}  # artifact kind -> the step that would make it but declares no output
-    findings: list[Finding] = []
+    findings: list[Finding] = list(profile_errors)
     steps: list[Step] = []
     for entry in before + chosen:
         wired = {inp.key: src for inp in entry.stage.inputs for kind in reversed(inp.kinds)
@@ -142,7 +144,7 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
             unmade_keys = {inp.key: unmade[k] for inp in entry.stage.inputs for k in inp.kinds if k in unmade}
             findings += [Finding(f.level, f"{entry.id}: {f.key}", _unmade(unmade_keys[f.key], entry, f.key)
                                  if f.key in unmade_keys and f.message.startswith("no ") else f.message)
-                         for f in e.findings]
+                         for f in e.findings if f not in profile_errors]
             job = None
         except UserError as e:
             findings.append(Finding("error", entry.id, str(e)))
@@ -185,7 +187,8 @@ def _unmade_inputs(entry: Entry, job: Job, unmade: dict[str, str], pipe_source: 
     for inp, src in zip(entry.stage.inputs, job.sources):
         step = next((unmade[k] for k in inp.kinds if k in unmade), None)
         explicit = job.origin.get(inp.key) in (CLI_SOURCE, pipe_source)
-        if step and artifacts.needed(inp, job.config) and not explicit and not (src and src.pending):
+        if step and (artifacts.needed(inp, job.config) or artifacts.optional(inp, job.config)) and not explicit \
+                and not (src and src.pending):
             found.append(Finding("error", f"{entry.id}: {inp.key}", _unmade(step, entry, inp.key)))
     return found
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidConfig, UserError
+from .errors import UserError
 from .findings import Finding, Report
 from .nvidia_profile import translate
 from .schema import CLUSTER, EXECUTORS, RUN_KEYS, check, run_schema, suggest
@@ -38,7 +38,9 @@ class Profile:
     file: Path
     artifacts_root: str | None = None  # [artifacts] manifest.root of its env.toml
     stage_values: dict[str, Any] = field(default_factory=dict)  # stage keys it sets (RL's sandbox, [wandb]), dotted
-    notes: list[Finding] = field(default_factory=list)  # NVIDIA's CLI keys read under our names
+    notes: list[Finding] = field(default_factory=list)  # NVIDIA's CLI keys read under our names, warnings
+    errors: list[Finding] = field(default_factory=list)  # its bad keys (left out of values), reported with the
+    # stage config's errors in one round
 
     @property
     def source(self) -> str:
@@ -112,10 +114,19 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
         if SECRET_NAME.search(var):
             report.error(f"env.{var}", "secrets don't belong in env.toml: " + SECRET_FIX.format(name=var))
     where = f"{path.name} [{name}]"
-    if report.errors:
-        raise InvalidConfig([Finding("error", f"{where} {f.key}", f.message) for f in report.errors])
+    for finding in report.errors:
+        _drop(values, finding.key)
+    found = [Finding(f.level, f"{where} {f.key}", f.message) for f in report.findings]
     return Profile(name, executor, values, path, artifacts_root(profiles, path), stage_values,
-                   [Finding("note", f"{where} {f.key}", f.message) for f in report.findings])
+                   [f for f in found if f.level != "error"], [f for f in found if f.level == "error"])
+
+
+def _drop(values: dict[str, Any], dotted: str) -> None:
+    """A bad key out of the profile's values (env.X out of the env table)."""
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        values = values.get(part) if isinstance(values.get(part), dict) else {}
+    values.pop(leaf, None)
 
 
 def wandb_values(table: Any) -> dict[str, Any]:

@@ -67,7 +67,7 @@ _MB = megatron_api.container_sections()
 
 TRAINING: Schema = {
     "run": None,  # filled per executor by the caller
-    "recipe": {"hf_model": str, "hf_revision": str, "pretrained_checkpoint": str},
+    "recipe": {"hf_model": str, "hf_revision": str, "pretrained_checkpoint": str, "allow_random_init": bool},
     "mixed_precision": str,
     # Transformer Engine NVFP4 knobs (exported as NVTE_NVFP4_* env vars) and the module paths kept in BF16
     # under NVFP4 (Megatron-Core quant_recipe globs): docs/precision.md

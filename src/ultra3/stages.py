@@ -46,6 +46,8 @@ class Input:
     configs: tuple[str, ...] = ()  # only artifacts made by these configs (a teacher's role); an optional input
     # with configs is taken when one exists
     same_config: bool = True  # prefer an artifact made by a config of the consumer's name (tiny for tiny)
+    optional_when: str | None = None  # a config key that, when true, makes the input optional: taken when one
+    # exists, else the job goes without it (the tiny SFT's random initial weights)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.",
         "sft", "sft", "torchrun", TRAINING, "ultra3.validation.validate_training",
-        inputs=(Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), unless="checkpoint.load"),
+        inputs=(Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), unless="checkpoint.load",
+                      optional_when="recipe.allow_random_init"),
                 Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),
         outputs=(Output("sft-checkpoint", "checkpoint.save"),),
         cost="ultra3.cost.training",
