@@ -27,6 +27,7 @@ partition = "debug"
 gpu = "h100"
 gpus_per_node = 1
 time = "00:05:00"
+container_image = ""            # the nodes' own Python: the launcher's venv on this machine
 
 [ci-cpu]
 extends = "ci"

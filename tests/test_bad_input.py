@@ -15,6 +15,7 @@ from conftest import squeue_ids
 BAD_TOML = """
 [typo]
 executor = "slurm"
+container_image = ""
 account = "ultra3"
 acount = "ultra3"
 
@@ -24,11 +25,13 @@ account = "ultra3"
 
 [wrongtype]
 executor = "slurm"
+container_image = ""
 account = "ultra3"
 gpus_per_node = "eight"
 
 [gputype]
 executor = "slurm"
+container_image = ""
 account = "ultra3"
 gpu = 8
 
@@ -52,17 +55,20 @@ extends = 3
 
 [secret]
 executor = "slurm"
+container_image = ""
 account = "ultra3"
 [secret.env]
 HF_TOKEN = "hf_FAKEsecretvalue123"
 
 [noacct]
 executor = "slurm"
+container_image = ""
 partition = "debug"
 gpu = "b200"
 
 [ssh]
 executor = "slurm"
+container_image = ""
 account = "ultra3"
 host = "login.example.com"
 """
@@ -255,7 +261,8 @@ CASES = [
           r"run\.job_dir: submitting through SSH \(host=login\.example\.com\) needs job_dir; "
           r"set it in bad\.toml \[ssh\]$"],
          submits=True),
-    Case("executor-more-gpus-than-the-nodes", ["pretrain", "-c", "tiny", "--batch", "ci", "run.gpus_per_node=8"],
+    Case("executor-more-gpus-than-the-nodes", ["pretrain", "-c", "tiny", "--batch", "ci", "run.gpus_per_node=8",
+                                              "train.global_batch_size=8"],
          [r"run\.gpus_per_node: the job wants 8 GPUs per node but the nodes have 1 \(cluster\.gpus_per_node, "
           r"from profile 'ci'"], submits=True),
     Case("executor-unknown-gpu", ["pretrain", "-c", "tiny", "cluster.gpu=a100", "-d"],

@@ -227,7 +227,7 @@ def test_sample_profiles(clean_env):
     ci = load_profile("ci")
     assert (ci.name, ci.executor, ci.file) == ("ci", "slurm", path)
     assert ci.values == {"account": "ultra3", "partition": "debug", "gpu": "h100", "gpus_per_node": 1,
-                         "time": "00:05:00"}
+                         "time": "00:05:00", "container_image": ""}
     assert ci.source == "profile 'ci' (env.toml)"
     ci_cpu = load_profile("ci-cpu")  # extends ci, overrides one key
     assert ci_cpu.executor == "slurm"

@@ -52,7 +52,15 @@ HONOURED = [
     ('run_partition = "interactive"', "run_partition: 'interactive' is the partition of this --run submission",
      "#SBATCH --partition=interactive"),
     ('lustre_mount = "/scratch:/scratch"', "lustre_mount: '/scratch:/scratch' added to mounts", "/scratch:/scratch"),
-    ('build_image = "x"', "build_image: configures image builds, which no stage job reads; ignored here", ""),
+    *[(f'{key} = {value}', f"{key}: configures image builds, which no stage job reads; ignored here", "")
+      for key, value in (("build_partition", '"cpu"'), ("build_time", '"01:00:00"'), ("build_image", '"x"'),
+                         ("build_cache_dir", '"/lustre/cache"'), ("build_registry", '"reg.example.com"'),
+                         ("build_include_gpus", "true"), ("build_gpus_per_node", "1"))],
+    ('batch_partition = "long"', "batch_partition: 'long' is for --batch submissions, not this --run one",
+     "#SBATCH --partition=batch"),
+    ("nproc_per_node = 8", "nproc_per_node: 8: one launcher per node starts one rank per GPU", "#SBATCH --nodes=1"),
+    ('remote_job_dir = "/lustre/me/jobs"', "remote_job_dir: read as job_dir", "artifacts_root: /lustre/me/jobs/artifacts"),
+    ('sif_dir = "/lustre/sif"', "", "#SBATCH --nodes=1"),  # an RL key: only the RL stages read it (below)
     ('account = "${oc.env:ULTRA3_TEST_ACCOUNT,fallback-acct}"', "", "#SBATCH --account=fallback-acct"),
 ]
 
@@ -73,6 +81,10 @@ REFUSED = [
     ("apptainer = true", "apptainer: NVIDIA's CLI key has no equivalent here"),
     ("ntasks_per_node = 4", "ntasks_per_node: 4 tasks per node with gpus_per_node = 8: ultra3 runs one rank per GPU"),
     ('tunnel = "docker"', "tunnel: must be \"ssh\""),
+    ('workdir = "/workspace"', "workdir: NVIDIA's CLI key has no equivalent here: the job runs in its own code dir"),
+    ('pre_ray_start_commands = ["ulimit -n 65536"]', "pre_ray_start_commands: NVIDIA's CLI key has no equivalent "
+                                                     "here: the job brings up Ray itself"),
+    ("nprocs_per_node = 8", "nprocs_per_node: NVIDIA's CLI key has no equivalent here: cloud executors"),
 ]
 
 
@@ -95,3 +107,49 @@ def test_rl_keys_of_a_profile_reach_the_rl_stages(cli_here, nvidia):
     assert rlvr.rc == 0, rlvr.err
     assert "--container-image=/lustre/sandbox.sqsh" in rlvr.out and "NGINX_PORT=6001" in rlvr.out
     assert "project: ultra3" in rlvr.out and "entity: my-team" in rlvr.out  # [wandb] -> wandb.*
+
+
+@pytest.mark.parametrize("table,note", [
+    ("[cli]\ntheme = 'monokai'", "[cli]: NVIDIA's CLI colours its dry run with it; ultra3 prints plain text"),
+    ("[cache]\ngit_dir = '/tmp/git'", "[cache]: NVIDIA's CLI keeps its git clones there; ultra3 clones nothing"),
+    ("[wandb]\ngroup = 'ablations'", "[wandb] group: not read: the stages' W&B loggers take project, entity and a "
+                                      "run name only"),
+])
+def test_nvidia_settings_tables_not_read_here_get_a_note(cli_here, nvidia, table, note):
+    Path("env.toml").write_text(QUICK_START.replace("[wandb]\n", table + "\n") if "[wandb]" in table else
+                                QUICK_START + "\n" + table + "\n")
+    r = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+    assert r.rc == 0, r.err
+    assert any(line.startswith("note: ") and note in line for line in r.out.splitlines()), r.out[:3000]
+
+
+def test_an_ssh_tunnel_profile_reaches_its_login_node(cli_here, nvidia):
+    """tunnel = "ssh" with host/user/identity: the dry run reads the artifact store on that host, through SSH."""
+    write('\n[far]\nextends = "YOUR-CLUSTER"\ntunnel = "ssh"\nhost = "login.invalid"\nuser = "me"\n'
+          'identity = "~/.ssh/id_ed25519"\nremote_job_dir = "/lustre/me/jobs"\n')
+    r = cli_here("pretrain", "-c", "tiny", "--run", "far", "--dry-run")
+    assert r.rc == 1 and r.err_lines[-1].startswith("error: cannot read the artifact store /lustre/me/jobs/artifacts on "
+                                                    "login.invalid: ssh: "), r.err
+
+
+def test_wandb_run_name_and_artifacts_root_are_honoured(cli_here, nvidia, tmp_path):
+    Path("env.toml").write_text(QUICK_START + f"name = 'ultra3-run1'\n[artifacts]\nwandb = false\n"
+                                               f"[artifacts.manifest]\nroot = '{tmp_path}/store'\n")
+    r = cli_here("sft", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+    assert r.rc == 0, r.err
+    assert "logger.wandb_exp_name                     = ultra3-run1  <- profile 'YOUR-CLUSTER' (env.toml)" in r.out
+    assert f"artifacts_root: {tmp_path}/store" in r.out
+
+
+def test_a_slurm_profile_without_an_image_warns_in_a_dry_run_and_is_refused_on_submission(cli_here, nvidia):
+    dry = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+    assert "warning: run.container_image: no container image is set, so the job would run `python` from the compute " \
+           "nodes' PATH; set container_image = \"IMAGE\" in [YOUR-CLUSTER] of env.toml" in dry.out
+    real = cli_here("pretrain", "-c", "tiny", "--batch", "YOUR-CLUSTER")
+    assert real.rc == 2 and real.err_lines == [
+        "error: run.container_image: no container image is set, so the job would run `python` from the compute "
+        "nodes' PATH; set container_image = \"IMAGE\" in [YOUR-CLUSTER] of env.toml (a .sqsh file or registry image "
+        "with this project's train extra), or container_image = \"\" to run without a container on purpose"], real.err
+    write('\n[bare]\nextends = "YOUR-CLUSTER"\ncontainer_image = ""\n')
+    bare = cli_here("pretrain", "-c", "tiny", "--run", "bare", "--dry-run")
+    assert bare.rc == 0 and "run.container_image" not in bare.out.split("== values")[0], bare.out[:2000]

@@ -76,7 +76,8 @@ class StageCommand(TyperCommand):
         lines = ["\b", f"Configs (-c): {', '.join(config_names(self.stage.config_dir))}"]
         lines.append(f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
                      f"{f' in {path}' if path else ' (no env.toml found)'}")
-        lines.append("Overrides: dotted key=value, e.g. train.train_iters=20 run.time=01:00:00")
+        shown = dict.fromkeys(t for e in self.stage.examples for t in e.split()[1:] if "=" in t and t[0] != "-")
+        lines.append(f"Overrides: dotted key=value, e.g. {' '.join([*list(shown)[:2], 'run.time=01:00:00'])}")
         for inp in self.stage.inputs:  # from the registry: what the stage consumes and makes
             when = f" (unless {inp.unless})" if inp.unless else "" if inp.required else " (optional)"
             lines.append(f"Input {inp.name}: {inp.key} <- {' or '.join(inp.kinds)}{when}")

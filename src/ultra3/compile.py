@@ -16,6 +16,7 @@ from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge,
 from .errors import InvalidConfig, UserError
 from .findings import Report
 from .gpus import visible_gpu_count
+from .nvidia_keys import read_as_ours
 from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
 from .stages import Stage
@@ -105,6 +106,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
     if options.pipe_layer:
         layers.append(options.pipe_layer)
     layers.append(parse_overrides(options.overrides))
+    for layer in layers:
+        read_as_ours(stage, layer, report)
 
     flat, origin = merge(layers)
     _wire(stage, options, flat, origin)
@@ -159,11 +162,26 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
         flat[key] = value
         artifacts.put(config, key, value)
     executors.executor(executor).check(stage, config["run"], profile, report)
+    _image_chosen(executor, profile, origin, options.dry_run, report)
     job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
     _settle_inputs(job)
     if validator := stage.validate():
         validator(config, report)
     return job
+
+
+def _image_chosen(executor: str, profile: Profile | None, origin: dict[str, str], dry_run: bool,
+                  report: Report) -> None:
+    """A job on other machines names its container image, or "" for none (the nodes' own `python`): unset, a
+    submission is refused; a dry run (NVIDIA's quick start checks its profile with one) shows the job and warns."""
+    if not executors.executor(executor).asks_image or "run.container_image" in origin:
+        return
+    where = f"[{profile.name}] of {profile.file.name}" if profile else "the profile"
+    message = (f"no container image is set, so the job would run `python` from the compute nodes' PATH; set "
+               f"container_image = \"IMAGE\" in {where} (a .sqsh file or registry image with this project's train "
+               "extra), or container_image = \"\" to run without a container on purpose")
+    (report.warn if dry_run else report.error)("run.container_image", message + ("; submitting refuses this" if
+                                                                                 dry_run else ""))
 
 
 def _profile_layer(stage: Stage, profile: Profile, below: list[Layer], report: Report) -> Layer:

@@ -70,6 +70,11 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
     gpu = job.config["cluster"].get("gpu")
     total = f"{nodes * gpus} GPU{'s' if nodes * gpus != 1 else ''}{f' ({gpu})' if gpu else ''}"
     out.write(f"nodes {nodes} x gpus_per_node {gpus} = {total}, time {run.get('time') or '-'}\n")
+    run_keys = sorted(k for k in job.origin if k.startswith(("run.", "cluster.")) and k in flat)
+    width = max((len(k) for k in run_keys), default=0)
+    for key in run_keys:  # where each value of the job's shape and placement came from
+        value = MASK if SECRET_NAME.search(key) else flat[key]
+        out.write(f"{key:<{width}} = {_inline(value)}  <- {job.origin[key]}\n")
     for name, rows in job.report.tables.items():
         _section(out, name)
         label_width = max((len(label) for label, _ in rows), default=0)

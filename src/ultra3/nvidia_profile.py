@@ -55,6 +55,9 @@ def translate(values: dict[str, Any], flag: str, report: Report) -> dict[str, An
             if key.startswith("run" if flag == "--run" else "batch"):
                 values["partition"] = value
                 report.note(key, f"{value!r} is the partition of this {flag} submission")
+            else:
+                report.note(key, f"{value!r} is for {'--batch' if flag == '--run' else '--run'} submissions, not "
+                                 f"this {flag} one")
     _tasks(values, report)
     if values.pop("tunnel", "local") not in ("ssh", "local"):
         report.error("tunnel", "must be \"ssh\" (with host, user and identity) or left out for the login node")

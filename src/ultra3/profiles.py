@@ -105,7 +105,7 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
     report = Report()
     values = _env_placeholders(values, path, name)
     stage_values = translate(values, flag, report)
-    stage_values.update(wandb_values(profiles.get("wandb")))
+    stage_values.update(wandb_values(profiles.get("wandb"), report))
     for table, why in UNUSED_TABLES.items():
         if profiles.get(table):
             report.note(f"[{table}]", why)
@@ -129,14 +129,19 @@ def _drop(values: dict[str, Any], dotted: str) -> None:
     values.pop(leaf, None)
 
 
-def wandb_values(table: Any) -> dict[str, Any]:
-    """[wandb] project and entity, for the stages that log to W&B (training's logger.*, RL's wandb.*)."""
+def wandb_values(table: Any, report: Report) -> dict[str, Any]:
+    """[wandb] for the stages that log to W&B: project and entity (training's logger.*, RL's wandb.*), the run
+    name (training's logger.wandb_exp_name; RL names its runs by experiment); any other key gets a note."""
     if not isinstance(table, dict):
         return {}
     out = {}
-    for key in ("project", "entity"):
-        if table.get(key):
-            out[f"logger.wandb_{key}"] = out[f"wandb.{key}"] = table[key]
+    for key, value in table.items():
+        if key in ("project", "entity"):
+            out[f"logger.wandb_{key}"] = out[f"wandb.{key}"] = value
+        elif key in ("run_name", "name"):
+            out["logger.wandb_exp_name"] = value
+        else:
+            report.note(f"[wandb] {key}", "not read: the stages' W&B loggers take project, entity and a run name only")
     return out
 
 

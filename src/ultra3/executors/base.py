@@ -24,6 +24,7 @@ class Executor(ABC):
     # False where a pipeline runs them one after another.
     chains: bool
     runs_here = False  # the job runs on this machine: paths and GPUs seen here are the job's
+    asks_image = False  # its jobs run on other machines: a container image (or "" for none) must be chosen
     shown_as: str  # the dry run's title for what render() returns
 
     @abstractmethod

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 class Slurm(Executor):
     name = "slurm"
     chains = True
+    asks_image = True
     shown_as = "sbatch script (as NeMo-Run submits it)"
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
