@@ -153,3 +153,41 @@ def test_a_slurm_profile_without_an_image_warns_in_a_dry_run_and_is_refused_on_s
     write('\n[bare]\nextends = "YOUR-CLUSTER"\ncontainer_image = ""\n')
     bare = cli_here("pretrain", "-c", "tiny", "--run", "bare", "--dry-run")
     assert bare.rc == 0 and "run.container_image" not in bare.out.split("== values")[0], bare.out[:2000]
+
+
+def test_nvidia_quick_start_commands_work_verbatim(cli_here, nvidia):
+    for stage in ("pretrain", "sft"):
+        r = cli_here("ultra3", stage, "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", prog="nemotron")
+        assert r.rc == 0, r.err
+        assert "#SBATCH --nodes=1\n" in r.out and "#SBATCH --gpus-per-node=1\n" in r.out
+        assert "run.nodes             = 1  <- configs/_shared/tiny.yaml" in r.out  # which source sized it
+
+
+@pytest.mark.parametrize("stage,alias,ours", [
+    ("pretrain", "data.per_split_data_args_path", "dataset.blend_path"),
+    ("pretrain", "run.data", "dataset.blend_path"),
+    ("sft", "dataset.ultra3_packed_sft_dir", "dataset.packed_dir"),
+    ("sft", "run.data", "dataset.packed_dir"),
+])
+def test_nvidia_config_keys_are_read_as_ours(cli_here, nvidia, tmp_path, stage, alias, ours):
+    r = cli_here(stage, "--run", "YOUR-CLUSTER", "--dry-run", f"{alias}={tmp_path}", f"recipe.pretrained_checkpoint={tmp_path}")
+    assert f"note: {alias}: read as {ours} (NVIDIA's CLI name; set in command line)" in r.out.splitlines(), r.out[:2000]
+    assert f"{ours} = {tmp_path}  (set in command line)" in r.out
+
+
+def test_nvidia_config_keys_in_a_config_file_and_their_misuses(cli_here, nvidia, tmp_path):
+    mine = tmp_path / "mine.yaml"  # -c PATH, as NVIDIA's CLI takes it, with its key for the blend
+    mine.write_text(f"defaults: [tiny]\ndataset:\n  mock: false\ndata:\n  per_split_data_args_path: {tmp_path}/blend.json\n")
+    r = cli_here("pretrain", "-c", str(mine), "--dry-run")  # read as ours: checked as ours
+    assert r.rc == 2 and r.err_lines == [f"error: dataset.blend_path: {tmp_path}/blend.json does not exist (set in "
+                                         f"{mine}); run `ultra3 data prep pretrain` or fix the path"], r.err
+    skip = cli_here("pretrain", "-c", "tiny", "--dry-run", "run.data=null")
+    assert skip.rc == 0 and "note: run.data: null (set in command line): NVIDIA's way to skip the artifact lookup" \
+        in skip.out
+    both = cli_here("pretrain", "-c", "tiny", "--dry-run", "run.data=a:latest", "dataset.blend_path=/b")
+    assert both.rc == 2 and "error: run.data: and dataset.blend_path both set in command line; keep dataset.blend_path" \
+        in both.err_lines, both.err
+    none = cli_here("quantize", "-c", "tiny", "--dry-run", "dataset.ultra3_packed_sft_dir=/x")
+    assert none.rc == 2 and none.err_lines == [
+        "error: dataset.ultra3_packed_sft_dir: NVIDIA's CLI key for a stage that takes sft-data as its data input; "
+        "ultra3 quantize does not (set in command line); remove it"], none.err

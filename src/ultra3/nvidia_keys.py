@@ -2,8 +2,8 @@
 its docs teach (`run.data=...`, `data.per_split_data_args_path=...`, `dataset.ultra3_packed_sft_dir=...`) work
 here as they are, on the command line, in a pipe or in a config file given with -c PATH.
 
-Each names one of the stage's inputs (a path or an artifact ref, NAME:latest), found through the registry by
-the input's artifact kind, so no stage is named here."""
+Each names the stage's data input (a path or an artifact ref, NAME:latest), found through the registry by the
+input's artifact kind, so no stage is named here."""
 
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ def read_as_ours(stage: Stage, layer: Layer, report: Report) -> None:
     error."""
     for old in [k for k in layer.values if k in BY_KIND or k == RUN_DATA]:
         value = layer.values.pop(old)
-        inp = next((i for i in stage.inputs if (BY_KIND.get(old) in i.kinds if old in BY_KIND else i.name == "data")),
-                   None)
+        inp = next((i for i in stage.inputs if i.name == "data" and (old == RUN_DATA or BY_KIND[old] in i.kinds)), None)
         if inp is None:
-            what = f"a {BY_KIND[old]} input" if old in BY_KIND else "data input"
-            report.error(old, f"NVIDIA's CLI key for {what}, which ultra3 {stage.name} does not take (set in "
+            what = f"{BY_KIND[old]} as its data input" if old in BY_KIND else "a data input"
+            report.error(old, f"NVIDIA's CLI key for a stage that takes {what}; ultra3 {stage.name} does not (set in "
                               f"{layer.source}); remove it")
         elif old == RUN_DATA and value is None:
             report.note(old, f"null (set in {layer.source}): NVIDIA's way to skip the artifact lookup; here {inp.key} "
