@@ -167,7 +167,7 @@ CASES = [
     Case("override-dangling-interpolation", ["pretrain", "-c", "tiny", "-d", "checkpoint.save=${nope.x}"],
          [r"checkpoint\.save: cannot resolve the interpolation: .*'nope\.x'"]),
     Case("override-secret-reference", ["pretrain", "-c", "tiny", "-d", "logger.wandb_project=${oc.env:WANDB_API_KEY}"],
-         [r"logger\.wandb_project: references the secret WANDB_API_KEY; "]),
+         [r"logger\.wandb_project: references the secret WANDB_API_KEY \(set in command line\); "]),
     Case("override-secret-value", ["pretrain", "-c", "tiny", "--batch", "ci", "run.env.HF_TOKEN=hf_FAKEcli12345"],
          [r"run\.env\.HF_TOKEN: a secret would be written to the job dir \(set in command line\); .*export HF_TOKEN"],
          submits=True, hidden=("hf_FAKEcli12345",)),

@@ -3,12 +3,11 @@ executor rules and the stage's validation rules. All errors are collected before
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from . import artifacts, executors
+from . import artifacts, executors, leaks
 from . import schema as schemas
 from .artifacts import Source
 from .contract import NAME
@@ -17,7 +16,7 @@ from .errors import InvalidConfig, UserError
 from .findings import Report
 from .gpus import visible_gpu_count
 from .nvidia_keys import read_as_ours
-from .profiles import SECRET_FIX, SECRET_NAME, Profile, check_run_keys, find_env_file, load_profile
+from .profiles import Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
 from .stages import Stage
 from .validation.precision import settle as settle_precision
@@ -131,7 +130,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
                   {**{k: v for k, v in stage.schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
-    _check_secrets(flat, origin, report)
+    leaks.check_merged(flat, origin, report)
     # every error in one round: the later checks run on what is left; a check tripping over a value already
     # reported stays quiet
     early, first = {f.key for f in report.errors}, len(report.findings)
@@ -158,6 +157,7 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     config = resolve(tree)
     config.setdefault("cluster", {})
     report.config, report.origin = config, origin  # findings quote values with their sources
+    leaks.check_resolved(config, report)
     for key, value in settle_precision(config, origin, report).items():  # TE env vars, FP32 grad reduction
         flat[key] = value
         artifacts.put(config, key, value)
@@ -292,23 +292,6 @@ def _job_shape(executor: str, flat: dict[str, Any], origin: dict[str, str], repo
         report.error("run.gpus_per_node", f"the job wants {wanted} GPUs per node but the nodes have {have} "
                                           f"(cluster.gpus_per_node, from {origin['cluster.gpus_per_node']}); set "
                                           f"run.gpus_per_node={have} and scale run.nodes, or pick another profile")
-
-
-_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def _check_secrets(flat: dict[str, Any], origin: dict[str, str], report: Report) -> None:
-    """A secret resolved into the config, or given as a value of run.env, would be written to the job dir
-    (and the sbatch script): refuse it."""
-    for key, value in flat.items():
-        name = key.removeprefix("run.env.")
-        if name != key and SECRET_NAME.search(name) and value not in (None, ""):
-            report.error(key, f"a secret would be written to the job dir (set in {origin[key]}); remove it and "
-                              + SECRET_FIX.format(name=name))
-        for var in _ENV_REF.findall(value) if isinstance(value, str) else ():
-            if SECRET_NAME.search(var):
-                report.error(key, f"references the secret {var}; secrets reach the job through its environment "
-                                  "only, so read it there instead of from the config")
 
 
 def changed_keys(job: Job) -> dict[str, str]:

@@ -23,10 +23,11 @@ def config_names(config_dir: str) -> list[str]:
 
 
 def state_home() -> Path:
-    """$NEMOTRON_HOME (default ~/.nemotron): the job registry and the job dirs of local runs."""
-    return Path(os.environ.get("NEMOTRON_HOME") or Path.home() / ".nemotron").expanduser()
+    """$NEMOTRON_HOME (default ~/.nemotron): the job registry and the job dirs of local runs. Absolute: a relative
+    value means the directory it names from where the launcher started, never from a job's own code dir."""
+    return Path(os.environ.get("NEMOTRON_HOME") or Path.home() / ".nemotron").expanduser().absolute()
 
 
 def nemorun_home() -> Path:
     # not ".../nemo_run": NeMo-Run rewrites "/nemo_run" in container-less scripts
-    return Path(os.environ.get("NEMORUN_HOME") or state_home() / "nemorun").expanduser()
+    return Path(os.environ.get("NEMORUN_HOME") or state_home() / "nemorun").expanduser().absolute()

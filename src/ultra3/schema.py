@@ -9,6 +9,8 @@ A schema is a nested dict: section -> {key: type}. Types are int, float, str, bo
 from __future__ import annotations
 
 import difflib
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from . import megatron_api
@@ -16,13 +18,47 @@ from .findings import Report
 
 Schema = dict[str, Any]
 
+
+@dataclass(frozen=True)
+class Text:
+    """A string of a restricted form: what reaches a shell unquoted (a job name, a path NeMo-Run's packager
+    passes to tar) may hold only what is safe there."""
+
+    pattern: str
+    what: str  # "a job name (letters, digits, '.', '_', '-')"
+
+    def __call__(self, value: object) -> bool:
+        return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
+
+
+JOB_NAME = Text(r"[A-Za-z0-9._-]*", "letters, digits, '.', '_' and '-' only (it becomes part of the Slurm job name "
+                                    "and of log file names in the batch script)")
+SAFE_PATH = Text(r"[A-Za-z0-9._/~+-]+", "a path of letters, digits and '._/~+-' only (NeMo-Run's packager and the "
+                                         "batch script use it unquoted)")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class EnvTable:
+    """Environment variables for the job: names that are names (they are exported by the batch script)."""
+
+    def __call__(self, value: object) -> bool:
+        return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values()) \
+            and not self.bad_names(value)
+
+    @staticmethod
+    def bad_names(value: dict) -> list[str]:
+        return [k for k in value if not ENV_NAME.fullmatch(str(k))]
+
+
+ENV = EnvTable()
+
 # The job's shape and executor settings: the `run` section of every stage, fed by the stage config,
 # the env.toml profile and the command line. The tuple lists which executors read the key.
 RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "nodes": (int, ("local", "slurm")),
     "gpus_per_node": (int, ("local", "slurm")),
     "cpus_per_task": (int, ("slurm",)),
-    "env": (dict, ("local", "slurm", "ray")),
+    "env": (ENV, ("local", "slurm", "ray")),
     "setup": (list[str], ("local", "slurm")),
     "time": (str, ("slurm",)),
     "container_image": (str, ("slurm",)),
@@ -35,12 +71,12 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "constraint": (str, ("slurm",)),
     "reservation": (str, ("slurm",)),
     "segment": (int, ("slurm",)),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
-    "job_name_prefix": (str, ("slurm",)),
+    "job_name_prefix": (JOB_NAME, ("slurm",)),
     "host": (str, ("slurm",)),
     "user": (str, ("slurm",)),
     "port": (int, ("slurm",)),
     "identity": (str, ("slurm",)),
-    "job_dir": (str, ("slurm",)),
+    "job_dir": (SAFE_PATH, ("slurm",)),
     "address": (str, ("ray",)),  # an existing Ray cluster's dashboard (Jobs API), e.g. http://head:8265
 }
 EXECUTORS = ("local", "slurm", "ray")
@@ -163,6 +199,10 @@ def type_name(t: Any) -> str:
         return "a list of tables"
     if isinstance(t, tuple):
         return " or ".join(type_name(x) for x in t)
+    if isinstance(t, Text):
+        return t.what
+    if isinstance(t, EnvTable):
+        return "a table of environment variables (string values)"
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
             dict: "a table of strings", list: "a list"}.get(t, f"a {t}".replace("list[", "list of ").rstrip("]"))
 
@@ -180,6 +220,8 @@ def matches(value: Any, t: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if t is str:
         return isinstance(value, str)
+    if isinstance(t, (Text, EnvTable)):
+        return t(value)
     if t is dict:
         return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
     if t is list:
@@ -226,6 +268,10 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
                 continue
             for i, item in enumerate(value):
                 check(item, t[0], report, origin, f"{path}[{i}].")
+        elif isinstance(t, EnvTable) and isinstance(value, dict) and t.bad_names(value):
+            for name in t.bad_names(value):
+                report.error(f"{path}.{name}", f"not an environment variable name{where}; use letters, digits and "
+                                               "'_', not starting with a digit")
         elif not matches(value, t):
             report.error(path, f"must be {type_name(t)}, got {value!r}{where}")
 

@@ -11,6 +11,7 @@ from ..errors import ClusterError
 from ..launch.plan import slurm_spec
 from ..paths import nemorun_home
 from ..records import JobRecord, State
+from ..schema import SAFE_PATH
 from . import slurm_state
 from .base import Executor, local_files, profile_at, read_from
 from .commands import run
@@ -35,10 +36,13 @@ class Slurm(Executor):
             report.error("run.account", f"the slurm executor needs an account; set account in {profile_at(profile)} "
                                         "or run.account=NAME")
         root = run.get("job_dir") or ("" if run.get("host") else str(nemorun_home()))
+        key = "run.job_dir" if run.get("job_dir") else "NEMORUN_HOME"
         if "/nemo_run" in root and not run.get("container_image"):
-            key = "run.job_dir" if run.get("job_dir") else "NEMORUN_HOME"
             report.error(key, f"{root} contains '/nemo_run', which NeMo-Run rewrites in container-less job scripts; "
                               "choose a directory without it")
+        if root and not SAFE_PATH(root) and key == "NEMORUN_HOME":  # run.job_dir: checked by the schema
+            report.error(key, f"{root!r}: job dirs go under it, so it must be {SAFE_PATH.what}; export NEMORUN_HOME "
+                              "(or NEMOTRON_HOME) as such a path")
         if run.get("host"):
             for key in ("user", "job_dir"):
                 if not run.get(key):
