@@ -23,8 +23,15 @@ LAYOUT = "model.pipeline_model_parallel_layout"
 SEQ = "model.seq_length"
 GBS = "train.global_batch_size"
 MBS = "train.micro_batch_size"
+NUM_LAYERS = "model.num_layers"
+EXPERTS = "model.num_moe_experts"
+NODES = "run.nodes"
+GPUS = "run.gpus_per_node"
 
 PARALLEL_SIZE_KEYS = (TP, PP, CP, EP, ETP)
+# what a finding quoting a derived size names (report.error(..., quoting=...)): the keys the size comes from
+WORLD_KEYS = (NODES, GPUS)
+DP_KEYS = (*WORLD_KEYS, TP, PP, CP)
 
 
 def get(cfg: object, dotted: str, default: object = None) -> object:
@@ -177,8 +184,8 @@ def mesh(cfg: dict) -> Mesh | None:
         etp=sizes[ETP],
         vpp=vpp if vpp and vpp > 1 else None,
         etp_was_set=get(cfg, ETP) is not None,
-        nodes=pos_int(get(cfg, "run.nodes")),
-        gpus_per_node=pos_int(get(cfg, "run.gpus_per_node")),
+        nodes=pos_int(get(cfg, NODES)),
+        gpus_per_node=pos_int(get(cfg, GPUS)),
     )
 
 
@@ -200,6 +207,11 @@ def gpu_type(cfg: dict) -> GpuType | None:
     if not isinstance(name, str):
         return None
     return GPU_TYPES.get(name.strip().lower())
+
+
+def nvlink_domain_key(cfg: dict) -> str:
+    """The key nvlink_domain() reads its size from: the override when set, else the GPU type."""
+    return "cluster.nvlink_domain_size" if pos_int(get(cfg, "cluster.nvlink_domain_size")) else "cluster.gpu"
 
 
 def nvlink_domain(cfg: dict) -> int | None:

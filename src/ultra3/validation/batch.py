@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from ._common import GBS, MBS, get, mesh, pos_int
+from ._common import DP_KEYS, GBS, MBS, VPP, get, mesh, pos_int
 
 
 def check(cfg: dict, report) -> None:
@@ -27,6 +27,7 @@ def check(cfg: dict, report) -> None:
             GBS,
             f"global batch {gbs:,} is not divisible by MBS·DP = {mbs}·{m.dp} = {step}; use a multiple of {step} "
             f"(e.g. {hint})",
+            quoting=(MBS, *DP_KEYS),
         )
         return
     micro = gbs // step
@@ -39,10 +40,12 @@ def check(cfg: dict, report) -> None:
             GBS,
             f"{micro} microbatches per step < PP={m.pp}: the pipeline idles {bubble:.0%} of each step "
             f"(bubble (PP-1)/(m+PP-1)); raise the global batch to at least {m.pp * step:,} (PP·MBS·DP) or lower PP",
+            quoting=(MBS, *DP_KEYS),
         )
     if m.vpp and micro % m.pp:
         report.error(
             GBS,
             f"virtual pipeline (VPP={m.vpp}) needs microbatches ({micro}) to be a multiple of PP={m.pp}; "
             f"use a global batch that is a multiple of {m.pp * step:,} (PP·MBS·DP) or unset VPP",
+            quoting=(MBS, *DP_KEYS, VPP),
         )

@@ -29,6 +29,7 @@ def check(cfg: dict, report) -> None:
             unknown[0],
             f"{names} unknown ({why}); skipped the world-size dependent checks (DP and expert-DP sizes, batch "
             f"split, microbatches, memory estimate); set {names} in the profile to run them",
+            quoting=tuple(unknown[1:]),
         )
 
     name = get(cfg, "cluster.gpu")

@@ -41,11 +41,16 @@ import math
 
 from . import params as P
 from ._common import (
+    DP_KEYS,
     EP,
+    ETP,
+    GBS,
     GIB,
     MBS,
     PP,
     SEQ,
+    SP,
+    VPP,
     bf16_layer_counts,
     flag,
     fmt_count,
@@ -63,6 +68,9 @@ OVERHEAD_BYTES = 5 * GIB
 FP4_WEIGHT_BYTES = 2 * (0.5 + 1 / 16)
 WARN_FRACTION = 0.9
 MAX_LAYERS = 4096  # beyond this the layer-by-layer estimate is pointless (and no longer takes microseconds)
+# the keys the estimate's findings quote: the knobs it turns on, the model's shape aside
+ESTIMATE_KEYS = (*DP_KEYS, EP, ETP, VPP, SP, SEQ, MBS, GBS, "model.recompute_granularity", "mixed_precision",
+                 "ddp.grad_reduce_in_fp32", "ddp.use_distributed_optimizer", "cluster.gpu")
 
 
 def _recompute(cfg: dict) -> tuple[str | None, set[str], str, int]:
@@ -267,10 +275,12 @@ def check(cfg: dict, report) -> None:
             key,
             f"estimated {total / GIB:.1f} GiB per GPU on pipeline rank {r + 1} ({breakdown}) exceeds the "
             f"{gpu.memory_gb:g} GiB of {gpu.name}; {fix}",
+            quoting=ESTIMATE_KEYS,
         )
     elif share > WARN_FRACTION:
         report.warn(
             key,
             f"estimated {total / GIB:.1f} GiB per GPU on pipeline rank {r + 1} is {share:.0%} of the "
             f"{gpu.memory_gb:g} GiB of {gpu.name} ({breakdown}); little headroom for routing imbalance: {fix}",
+            quoting=ESTIMATE_KEYS,
         )

@@ -14,16 +14,22 @@ from __future__ import annotations
 import math
 
 from ._common import (
+    CP,
+    DP_KEYS,
     EP,
     ETP,
+    EXPERTS,
     LAYOUT,
     MTP_SEPARATOR,
+    NODES,
+    NUM_LAYERS,
     PARALLEL_SIZE_KEYS,
     PATTERN_SYMBOLS,
     PIPE,
     PP,
     TP,
     VPP,
+    WORLD_KEYS,
     Mesh,
     divisors,
     get,
@@ -32,6 +38,9 @@ from ._common import (
     pattern,
     pos_int,
 )
+
+HEADS = "model.num_attention_heads"
+GROUPS = "model.num_query_groups"
 
 
 def check(cfg: dict, report) -> None:
@@ -66,18 +75,20 @@ def _world(cfg: dict, m: Mesh, report) -> None:
     minimum = m.pp * max(m.tp * m.cp, m.expert_mesh)
     if is_moe and world < minimum:  # (without MoE, the TP·PP·CP multiple below says it)
         report.error(
-            EP if m.expert_mesh > m.tp * m.cp else "run.nodes",
+            EP if m.expert_mesh > m.tp * m.cp else NODES,
             f"PP·max(TP·CP, EP·ETP) = {m.pp}·max({m.tp * m.cp}, {m.expert_mesh}) = {minimum} GPUs at least, "
             f"but the run has {world}; add nodes or lower the parallel sizes",
+            quoting=(PP, TP, CP, EP, ETP, *WORLD_KEYS),
         )
     if world % mp:
         step = mp // math.gcd(mp, m.gpus_per_node)
         below = (m.nodes // step) * step
         hint = ", ".join(str(n) for n in (below, below + step) if n > 0)
         report.error(
-            "run.nodes",
+            NODES,
             f"world size {world} ({m.nodes} nodes x {m.gpus_per_node} GPUs) is not a multiple of TP·PP·CP = "
             f"{m.tp}·{m.pp}·{m.cp} = {mp}; use a multiple of {step} nodes (e.g. {hint}) or change TP/PP/CP",
+            quoting=DP_KEYS,
         )
         return
     report.facts["data_parallel_size"] = m.dp
@@ -89,6 +100,7 @@ def _world(cfg: dict, m: Mesh, report) -> None:
             EP,
             f"TP·CP·DP = {m.tp}·{m.cp}·{m.dp} = {stage} GPUs per pipeline stage is not a multiple of "
             f"EP·ETP = {m.expert_mesh}; use an EP·ETP that divides {stage} ({divisors(stage)})",
+            quoting=(*DP_KEYS, EP, ETP),
         )
     elif m.edp is not None:
         report.facts["expert_data_parallel_size"] = m.edp
@@ -107,7 +119,7 @@ def _layers(cfg: dict, m: Mesh, report) -> None:
     if raw is not None and layers is None:
         report.error("model.num_layers", f"model.num_layers={raw!r} is not a positive integer")
     if m.vpp and m.pp == 1:
-        report.error(VPP, f"virtual pipeline (VPP={m.vpp}) needs PP > 1; unset {VPP} or raise PP")
+        report.error(VPP, f"virtual pipeline (VPP={m.vpp}) needs PP > 1; unset {VPP} or raise PP", quoting=(PP,))
     found = pattern(cfg)
     if layers is None or get(cfg, LAYOUT) is not None or (found and PIPE in main_pattern(found[1])):
         return  # the layout (or the pattern's '|' splits) places the layers
@@ -116,6 +128,7 @@ def _layers(cfg: dict, m: Mesh, report) -> None:
             PP,
             f"{layers} layers do not split evenly over PP={m.pp}; use a PP that divides {layers} "
             f"({divisors(layers)}) or set {LAYOUT}",
+            quoting=(NUM_LAYERS,),
         )
     elif m.vpp and layers % (m.pp * m.vpp):
         per_stage = layers // m.pp
@@ -123,6 +136,7 @@ def _layers(cfg: dict, m: Mesh, report) -> None:
             VPP,
             f"{layers} layers do not split evenly over PP·VPP = {m.pp}·{m.vpp} = {m.pp * m.vpp} model chunks; "
             f"use a VPP that divides the {per_stage} layers per stage ({divisors(per_stage)}) or set {LAYOUT}",
+            quoting=(NUM_LAYERS, PP),
         )
 
 
@@ -154,6 +168,7 @@ def _pattern(cfg: dict, m: Mesh, report) -> None:
             key,
             f"{key} has {length} layers (without '|') but model.num_layers={layers}; make the pattern "
             f"{layers} symbols long or set model.num_layers={length}",
+            quoting=(NUM_LAYERS,),
         )
     splits = main.count(PIPE)
     if splits:
@@ -164,58 +179,65 @@ def _pattern(cfg: dict, m: Mesh, report) -> None:
                 key,
                 f"{key} has {splits} '|' pipeline splits but {stages} needs exactly {needed}; "
                 f"add or remove '|' or drop them all to split evenly",
+                quoting=(PP, VPP),
             )
         elif any(not segment for segment in main.split(PIPE)):
             report.error(
                 key, f"{key} has an empty pipeline stage ('||' or a leading/trailing '|'); give every stage a layer"
             )
     if "E" in text and pos_int(get(cfg, "model.num_moe_experts")) is None:
-        report.error("model.num_moe_experts", f"{key} has MoE layers (E) but model.num_moe_experts is unset; set it")
+        report.error(EXPERTS, f"{key} has MoE layers (E) but model.num_moe_experts is unset; set it", quoting=(key,))
 
 
 def _experts(cfg: dict, m: Mesh, report) -> None:
     experts = pos_int(get(cfg, "model.num_moe_experts"))
     if experts is None:
         if m.ep > 1:
-            report.error(EP, f"EP={m.ep} needs MoE layers but model.num_moe_experts is unset; set EP=1 or the experts")
+            report.error(EP, f"EP={m.ep} needs MoE layers but model.num_moe_experts is unset; set EP=1 or the experts",
+                         quoting=(EXPERTS,))
         return
     if experts % m.ep:
         report.error(
             EP,
             f"{experts} experts do not split evenly over EP={m.ep}; use an EP that divides {experts} "
             f"({divisors(experts, 10)})",
+            quoting=(EXPERTS,),
         )
     topk = pos_int(get(cfg, "model.moe_router_topk"))
     if topk is not None and topk > experts:
-        report.error("model.moe_router_topk", f"top-k {topk} exceeds the {experts} experts; use top-k ≤ {experts}")
+        report.error("model.moe_router_topk", f"top-k {topk} exceeds the {experts} experts; use top-k ≤ {experts}",
+                     quoting=(EXPERTS,))
 
 
 def _heads(cfg: dict, m: Mesh, report) -> None:
-    heads = pos_int(get(cfg, "model.num_attention_heads"))
-    groups = pos_int(get(cfg, "model.num_query_groups"))
+    heads = pos_int(get(cfg, HEADS))
+    groups = pos_int(get(cfg, GROUPS))
     if heads is not None and heads % m.tp:
         report.error(TP, f"num_attention_heads={heads} is not divisible by TP={m.tp}; "
-                         f"use a TP that divides {heads} ({divisors(heads)})")
+                         f"use a TP that divides {heads} ({divisors(heads)})", quoting=(HEADS,))
     # Megatron-Core replicates KV heads when TP is a multiple of the query groups
     if groups is not None and groups % m.tp and m.tp % groups:
         report.error(TP, f"num_query_groups={groups} and TP={m.tp}: one must divide the other; "
-                         f"use a TP that divides {groups} ({divisors(groups)}) or a multiple of it")
+                         f"use a TP that divides {groups} ({divisors(groups)}) or a multiple of it", quoting=(GROUPS,))
     if heads is not None and groups is not None and heads % groups:
         report.error(
-            "model.num_query_groups",
+            GROUPS,
             f"num_attention_heads={heads} is not a multiple of num_query_groups={groups}; use a divisor of {heads}",
+            quoting=(HEADS,),
         )
 
     m_heads = pos_int(get(cfg, "model.mamba_num_heads"))
     m_groups = pos_int(get(cfg, "model.mamba_num_groups"))
     for name, n in (("mamba_num_heads", m_heads), ("mamba_num_groups", m_groups)):
         if n is not None and n % m.tp:
-            report.error(TP, f"{name}={n} is not divisible by TP={m.tp}; use a TP that divides {n} ({divisors(n)})")
+            report.error(TP, f"{name}={n} is not divisible by TP={m.tp}; use a TP that divides {n} ({divisors(n)})",
+                         quoting=(f"model.{name}",))
     if m.cp > 1 and m_heads is not None and m_heads % m.tp == 0 and (m_heads // m.tp) % m.cp:
         report.error(
             "model.context_parallel_size",
             f"Mamba context parallelism splits heads: mamba_num_heads/TP = {m_heads}/{m.tp} = {m_heads // m.tp} "
             f"is not divisible by CP={m.cp}; use a CP that divides {m_heads // m.tp}",
+            quoting=("model.mamba_num_heads", TP),
         )
     if m.cp > 1 and m_groups is not None and m_groups % m.tp == 0:
         local = m_groups // m.tp
@@ -224,4 +246,5 @@ def _heads(cfg: dict, m: Mesh, report) -> None:
                 "model.context_parallel_size",
                 f"mamba_num_groups/TP = {local} and CP={m.cp} must divide one another (Mamba CP); "
                 f"use a CP that divides or is a multiple of {local}",
+                quoting=("model.mamba_num_groups", TP),
             )

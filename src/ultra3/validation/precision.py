@@ -36,6 +36,7 @@ from ultra3.precision_map import (
 )
 
 from ._common import (
+    NUM_LAYERS,
     bf16_layer_counts,
     flag,
     fp4_param_gather,
@@ -50,6 +51,11 @@ from ._common import (
 BLACKWELL = ", ".join(name for name, g in GPU_TYPES.items() if g.supports_nvfp4)
 NVFP4_SM = "SM " + "/".join(f"{major}.{minor}" for major, minor in NVFP4_CAPABILITIES)
 GRAD_REDUCE = "ddp.grad_reduce_in_fp32"
+MIXED = "mixed_precision"
+MTP = "model.mtp_num_layers"
+PARAM_GATHER = (MIXED, "ddp.fp4_param_gather")  # what fp4_param_gather() reads
+BF16_LAYER_KEYS = (MIXED, "model.first_last_layers_bf16", "model.num_layers_at_start_in_bf16",
+                   "model.num_layers_at_end_in_bf16")  # what bf16_layer_counts() reads
 FORCED = "the precision rules (MTP with NVFP4/FP8)"
 
 
@@ -93,13 +99,14 @@ def check(cfg: dict, report) -> None:
 
 
 def _grad_reduce(cfg: dict, report) -> None:
-    mtp = get(cfg, "model.mtp_num_layers")
-    if flag(cfg, "ddp.grad_reduce_in_fp32") is False and is_int(mtp) and mtp > 0:
+    mtp = get(cfg, MTP)
+    if flag(cfg, GRAD_REDUCE) is False and is_int(mtp) and mtp > 0:
         report.warn(
-            "ddp.grad_reduce_in_fp32",
+            GRAD_REDUCE,
             f"BF16 gradient reduction with {mtp} MTP layers: Ultra pretraining diverged at ~8T tokens when the "
             "output layer's gradient accumulation dropped to BF16 (the MTP wgrad contributions were lost); "
             "keep ddp.grad_reduce_in_fp32=true",
+            quoting=(MTP,),
         )
 
 
@@ -114,17 +121,20 @@ def _hardware(cfg: dict, prec, report) -> None:
             f"{prec.name} trains in NVFP4, which needs {NVFP4_SM} (Blackwell), but {gpu.name} is {cc}; "
             f"use a Blackwell profile ({BLACKWELL}), or set mixed_precision=bf16_mixed (BF16) or "
             "bf16_with_fp8_current_scaling_mixed (FP8, SM 8.9+)",
+            quoting=("cluster.gpu",),
         )
     elif prec.mxfp8 and gpu.compute_capability < (10, 0):
         report.error(
             "mixed_precision",
             f"{prec.name} trains in MXFP8, which needs SM 10.0+ (Blackwell), but {gpu.name} is {cc}; use a "
             f"Blackwell profile ({BLACKWELL}) or set mixed_precision=bf16_with_fp8_current_scaling_mixed or bf16_mixed",
+            quoting=("cluster.gpu",),
         )
     elif prec.fp8 and not prec.mxfp8 and gpu.compute_capability < (8, 9):
         report.error(
             "mixed_precision",
             f"{prec.name} trains in FP8, which needs SM 8.9+, but {gpu.name} is {cc}; set mixed_precision=bf16_mixed",
+            quoting=("cluster.gpu",),
         )
 
 
@@ -135,11 +145,14 @@ def _nvfp4(cfg: dict, prec, report) -> None:
             "model.fp8_recipe",
             f"fp8_recipe={recipe!r} is set with NVFP4 ({prec.name}); FP4 recipes need fp8_recipe=None (an inherited "
             "fp8_recipe caused the NVFP4 memory spike of MB PR#2764); set model.fp8_recipe=null",
+            quoting=(MIXED,),
         )
     fp8 = precision_knob(cfg, prec, "fp8")
     if fp8 not in (None, False):
         report.error(
-            "model.fp8", f"fp8={fp8!r} is set with NVFP4 ({prec.name}); FP4 and FP8 are exclusive: unset model.fp8"
+            "model.fp8",
+            f"fp8={fp8!r} is set with NVFP4 ({prec.name}); FP4 and FP8 are exclusive: unset model.fp8",
+            quoting=(MIXED,),
         )
 
     if fp4_param_gather(cfg, prec):
@@ -149,17 +162,20 @@ def _nvfp4(cfg: dict, prec, report) -> None:
                     key,
                     "Megatron-FSDP has no NVFP4 packed storage (MB PR#5920), so NVFP4 primary weights fault; "
                     "set ddp.fp4_param_gather=false (as MB's Ultra NVFP4 FSDP recipe does) or turn FSDP off",
+                    quoting=PARAM_GATHER,
                 )
                 break
         graphs = get(cfg, "model.cuda_graph_impl")
-        if (isinstance(graphs, str) and graphs.lower() != "none") or flag(cfg, "model.enable_cuda_graph"):
+        impl = isinstance(graphs, str) and graphs.lower() != "none"
+        if impl or flag(cfg, "model.enable_cuda_graph"):
             report.warn(
                 "model.cuda_graph_impl",
                 "fp4_param_gather with CUDA graphs ran out of memory on GB300 (MB#3500); "
                 "set ddp.fp4_param_gather=false as MB's performance recipes do, or turn CUDA graphs off",
+                quoting=(*PARAM_GATHER, *(() if impl else ("model.enable_cuda_graph",))),
             )
 
-    layers = pos_int(get(cfg, "model.num_layers"))
+    layers = pos_int(get(cfg, NUM_LAYERS))
     if layers is None:
         return
     start, end = bf16_layer_counts(cfg, prec, layers)
@@ -171,6 +187,7 @@ def _nvfp4(cfg: dict, prec, report) -> None:
             f"all {layers} layers train in NVFP4; quantizing everything diverged in NVIDIA's NVFP4 study and Ultra "
             f"keeps its last 15% in BF16: set model.first_last_layers_bf16=true and "
             f"model.num_layers_at_end_in_bf16={suggested}",
+            quoting=(NUM_LAYERS, *BF16_LAYER_KEYS),
         )
         return
     if start + end >= layers:
@@ -178,6 +195,7 @@ def _nvfp4(cfg: dict, prec, report) -> None:
             "model.num_layers_at_end_in_bf16",
             f"all {layers} layers stay BF16 (start {start} + end {end}), so NVFP4 has no effect; lower "
             "num_layers_at_start_in_bf16/num_layers_at_end_in_bf16 or use mixed_precision=bf16_mixed",
+            quoting=(NUM_LAYERS, *BF16_LAYER_KEYS),
         )
         return
     spans = ([f"1-{start}"] if start else []) + ([f"{layers - end + 1}-{layers}"] if end else [])
@@ -194,7 +212,7 @@ def _knobs(cfg: dict, prec, report) -> None:
     for key, on in knob_values(cfg).items():
         if not on:
             report.warn(f"precision.{key}", f"precision.{key}=false has no effect: {prec.name} does not train in "
-                                            "NVFP4; remove it or use an NVFP4 mixed_precision")
+                                            "NVFP4; remove it or use an NVFP4 mixed_precision", quoting=(MIXED,))
 
 
 def _modules(cfg: dict, report) -> None:

@@ -15,24 +15,27 @@ WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 WARMUP = "scheduler.lr_warmup_iters"
 DECAY = "scheduler.lr_decay_iters"
 WSD = "scheduler.lr_wsd_decay_iters"
+ITERS = "train.train_iters"
+SAMPLES = "train.train_samples"
+FRACTION = "scheduler.lr_warmup_fraction"
+STYLE = "scheduler.lr_decay_style"
 
 
 def check(cfg: dict, report) -> None:
     _learning_rates(cfg, report)
     seq, gbs = pos_int(get(cfg, SEQ)), pos_int(get(cfg, GBS))
-    raw_iters = get(cfg, "train.train_iters")
+    raw_iters = get(cfg, ITERS)
     iters = pos_int(raw_iters)
     if raw_iters is not None and iters is None:
-        report.error("train.train_iters", f"train.train_iters={raw_iters!r} is not a positive integer")
-    samples = pos_int(get(cfg, "train.train_samples"))
+        report.error(ITERS, f"{ITERS}={raw_iters!r} is not a positive integer")
+    samples = pos_int(get(cfg, SAMPLES))
+    iters_keys: tuple[str, ...] = (ITERS,)  # what each count derives from, for the findings' quoting
     if iters is None and samples is not None and gbs is not None:
-        iters = samples // gbs
+        iters, iters_keys = samples // gbs, (SAMPLES, GBS)
 
-    style = get(cfg, "scheduler.lr_decay_style")
+    style = get(cfg, STYLE)
     if style is not None and style not in DECAY_STYLES:
-        report.error(
-            "scheduler.lr_decay_style", f"unknown lr_decay_style {style!r}; use one of {', '.join(DECAY_STYLES)}"
-        )
+        report.error(STYLE, f"unknown lr_decay_style {style!r}; use one of {', '.join(DECAY_STYLES)}")
     wsd_style = get(cfg, "scheduler.lr_wsd_decay_style")
     if style == "WSD" and wsd_style is not None and wsd_style not in WSD_DECAY_STYLES:
         report.error(
@@ -41,10 +44,14 @@ def check(cfg: dict, report) -> None:
         )
 
     warmup = _iters(cfg, WARMUP, report)
-    fraction = number(get(cfg, "scheduler.lr_warmup_fraction"))
-    decay = _iters(cfg, DECAY, report) or iters
+    fraction = number(get(cfg, FRACTION))
+    decay = _iters(cfg, DECAY, report)
+    decay_keys = (DECAY,) if decay else iters_keys
+    decay = decay or iters
+    warmup_keys: tuple[str, ...] = (WARMUP,)
     if warmup is None:
         warmup = int(fraction * decay) if fraction is not None and decay else 0
+        warmup_keys = (FRACTION, *decay_keys) if fraction is not None and decay else ()
     wsd = _iters(cfg, WSD, report) if style == "WSD" else None
 
     if iters is not None and warmup >= iters:
@@ -52,12 +59,14 @@ def check(cfg: dict, report) -> None:
             WARMUP,
             f"warmup {warmup:,} iterations ≥ train_iters {iters:,}: the run never reaches the peak LR; "
             f"use a warmup well below {iters:,} (e.g. 1% = {max(1, iters // 100):,})",
+            quoting=(*warmup_keys, *iters_keys),
         )
     elif decay is not None and warmup >= decay:
         report.error(
             WARMUP,
             f"warmup {warmup:,} iterations ≥ lr_decay_iters {decay:,} (Megatron asserts warmup < decay); "
             f"lower the warmup or raise {DECAY}",
+            quoting=(*warmup_keys, *decay_keys),
         )
     if iters is not None and decay is not None and decay > iters:
         what = "the WSD anneal is cut short" if style == "WSD" else "the LR never reaches min_lr"
@@ -65,22 +74,27 @@ def check(cfg: dict, report) -> None:
             DECAY,
             f"lr_decay_iters {decay:,} > train_iters {iters:,}: training stops {decay - iters:,} iterations "
             f"before the schedule ends and {what}; set {DECAY}={iters:,}",
+            quoting=(*iters_keys, STYLE),
         )
     if style == "WSD":
         if wsd is None:
             report.error(
-                WSD, f"lr_decay_style=WSD needs {WSD} (the anneal length); set it (e.g. 25% of {decay or '?'})"
+                WSD,
+                f"lr_decay_style=WSD needs {WSD} (the anneal length); set it (e.g. 25% of {decay or '?'})",
+                quoting=(STYLE, *(decay_keys if decay else ())),
             )
         elif decay is not None and wsd > decay:
             report.error(
                 WSD,
                 f"WSD anneal {wsd:,} iterations > lr_decay_iters {decay:,}; use lr_wsd_decay_iters ≤ {decay:,}",
+                quoting=decay_keys,
             )
         elif decay is not None and warmup + wsd > decay:
             report.warn(
                 WSD,
                 f"warmup {warmup:,} + WSD anneal {wsd:,} > lr_decay_iters {decay:,}: the anneal starts before the "
                 f"warmup ends; shorten one of them",
+                quoting=(*warmup_keys, *decay_keys),
             )
 
     if seq is None or gbs is None or iters is None:
@@ -106,7 +120,9 @@ def _learning_rates(cfg: dict, report) -> None:
         report.error("optimizer.min_lr", f"min_lr={min_lr:g} must be ≥ 0")
     if lr is not None and min_lr is not None and min_lr > lr:
         report.error(
-            "optimizer.min_lr", f"min_lr={min_lr:g} > lr={lr:g}; the LR would rise while decaying: set min_lr ≤ lr"
+            "optimizer.min_lr",
+            f"min_lr={min_lr:g} > lr={lr:g}; the LR would rise while decaying: set min_lr ≤ lr",
+            quoting=("optimizer.lr",),
         )
 
 

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from ._common import TP, get, mesh, nvlink_domain, pos_int
+from ._common import EP, ETP, GPUS, TP, get, mesh, nvlink_domain, nvlink_domain_key, pos_int
 
 DISPATCHER = "model.moe_token_dispatcher_type"
 BACKEND = "model.moe_flex_dispatcher_backend"
@@ -38,12 +38,14 @@ def check(cfg: dict, report) -> None:
                 TP,
                 f"TP={m.tp} > {gpn} GPUs per node: every layer's tensor-parallel collectives cross the inter-node "
                 f"network; keep TP ≤ {gpn} (inside the node's NVLink) and scale with PP/EP/DP instead",
+                quoting=(GPUS,),
             )
     elif gpn is not None and gpn % m.tp:
         report.warn(
             TP,
             f"TP={m.tp} does not divide the {gpn} GPUs per node, so some TP groups straddle two nodes; "
             f"use a TP that divides {gpn}",
+            quoting=(GPUS,),
         )
 
     experts = pos_int(get(cfg, "model.num_moe_experts"))
@@ -58,11 +60,12 @@ def check(cfg: dict, report) -> None:
     domains = -(-m.expert_mesh // domain)
     if dispatcher == "flex" and str(backend).lower() == "hybridep":
         report.warn(
-            "model.expert_model_parallel_size",
+            EP,
             f"EP·ETP = {m.ep}·{m.etp} = {m.expert_mesh} spans {domains} NVLink domains of {domain} GPUs, so HybridEP"
             f"{assumed} dispatches across nodes (MB PR#6043 hit HybridEP topology errors with EP=64 on B200 and cut "
             f"EP to 8); keep EP·ETP ≤ {domain}, use an NVL72 profile (gb200, gb300), or keep the recipe's "
             f"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={domain}/NVLINK_DOMAIN_SIZE={domain} env",
+            quoting=(ETP, nvlink_domain_key(cfg), DISPATCHER, BACKEND),
         )
     else:
         report.note(
