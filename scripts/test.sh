@@ -21,4 +21,4 @@ else
 fi
 
 export PATH="$PWD/.venv/bin:$PATH"
-exec python -m pytest "$@"
+exec python -m pytest --durations=15 "$@"  # the slowest tests, listed at the end

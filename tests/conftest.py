@@ -143,6 +143,8 @@ def slurm():
 
 
 def squeue_ids() -> set[str]:
+    if shutil.which("squeue") is None:
+        return set()
     out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     return set(out.split())
 

@@ -27,7 +27,7 @@ from ultra3 import megatron_api, training_inputs  # noqa: E402
 
 pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
 
-ULTRA = "models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6"
+ULTRA = yaml.safe_load((REPO / "configs/quantize/default.yaml").read_text())["modelopt_recipe"]  # the shipped recipe
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
 

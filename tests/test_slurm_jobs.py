@@ -42,7 +42,7 @@ _submitted: list[str] = []  # Slurm ids submitted by the running test, cancelled
 def _cancel_leftovers():
     _submitted.clear()
     yield
-    left = sorted(set(_submitted) & squeue_ids())
+    left = sorted(set(_submitted) & squeue_ids()) if _submitted else []
     if left:
         subprocess.run(["scancel", *left], capture_output=True)
 
@@ -253,6 +253,7 @@ def test_cancel_a_running_job(slurm, cli, home):
 
     st = wait_state(cli, sub.id, *TERMINAL, timeout=60)
     assert st["state"] == "CANCELLED", st["text"]
+    assert st["exit_code"] is None and st["reason"] == "cancelled (scancel or `nemotron jobs cancel`)", st["text"]
     assert wait_for(lambda: sub.slurm_id not in squeue_ids(), timeout=30), f"{sub.slurm_id} still in squeue"
     assert list_rows(cli)[sub.id]["STATE"] == "CANCELLED"
 
@@ -467,3 +468,10 @@ def test_cancel_a_running_local_job_from_another_shell(cli, home):
     assert attached.returncode == 1 and f"error: {job_id} CANCELLED" in err, out + err
     again = jobs(cli, "cancel", job_id)
     assert again.out.strip() == f"{job_id} already ended: CANCELLED", again.out + again.err
+
+
+def test_a_job_ended_by_a_signal_says_so(slurm, cli, home):
+    add_profile("killed", setup=["kill -9 $$"])
+    sub = submit(cli, "--batch", "killed")
+    st = wait_state(cli, sub.id, *TERMINAL, timeout=60)
+    assert st["state"] == "FAILED" and st["exit_code"] is None and st["reason"] == "ended by signal 9", st["text"]

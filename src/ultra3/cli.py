@@ -176,7 +176,7 @@ def _pipe_command(
     from .pipe import PipeOptions, run_pipe
 
     given = _merge_group_options(ctx, options)
-    run_pipe(PipeOptions(config=given["config"] or "default", run=given["run"], batch=given["batch"],
+    run_pipe(PipeOptions(config="default" if given["config"] is None else given["config"], run=given["run"], batch=given["batch"],
                          dry_run=given["dry_run"], env_file=given["env_file"], start=start, stop=stop, force=force,
                          overrides=list(overrides or [])))
 
@@ -203,7 +203,7 @@ def build_jobs() -> typer.Typer:
     app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, lineage.")
 
     @app.command("list")
-    def list_(limit: int = typer.Option(20, "-n", "--limit", help="How many of the newest jobs.")) -> None:
+    def list_(limit: int = typer.Option(20, "-n", "--limit", min=1, help="How many of the newest jobs.")) -> None:
         """List submitted jobs, newest first, with their current state."""
         from .jobs_cli import list_jobs
 

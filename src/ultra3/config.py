@@ -24,10 +24,13 @@ class Layer:
 
 def find_config(config_dir: str, name: str) -> Path:
     """`-c NAME` looks in the stage's config dir; anything with a '/' or a .yaml suffix is a path."""
+    if not name.strip():
+        raise UserError(f"--config: empty; give a config name ({', '.join(config_names(config_dir))}) or a path")
     if "/" in name or name.endswith((".yaml", ".yml")):
         path = Path(name).expanduser()
         if not path.is_file():
-            raise UserError(f"--config: no such file '{name}'")
+            what = "a directory" if path.is_dir() else "no such file"
+            raise UserError(f"--config: '{name}' is {what}; give a YAML file or a config name")
         return path
     path = CONFIGS_DIR / config_dir / f"{name}.yaml"
     if not path.is_file():
@@ -72,7 +75,15 @@ def _label(path: Path) -> str:
 
 def read_yaml(path: Path) -> dict:
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{_label(path)}: not UTF-8 text (byte {e.start}); save it as UTF-8 YAML") from None
+    except OSError as e:
+        raise UserError(f"{_label(path)}: cannot read: {e.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise UserError(f"{_label(path)}: nested too deeply; a config is a few levels of tables") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""
@@ -87,7 +98,19 @@ def read_yaml(path: Path) -> dict:
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.2 scalars: `1e-4` is a number, as in OmegaConf, not a string; `4:00:00` (a Slurm time)
-    and `2024-01-01` stay strings, not YAML 1.1's base-60 integer 14400 and a date."""
+    and `2024-01-01` stay strings, not YAML 1.1's base-60 integer 14400 and a date. A key given twice in one
+    table is an error naming both lines (YAML would keep the second silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -126,6 +149,8 @@ def parse_value(raw: str, token: str = "") -> Any:
         return ""
     try:
         return yaml.load(raw, Loader=_Loader)
+    except RecursionError:
+        raise UserError(f"'{token[:60]}...': nested too deeply; give a value a few levels deep at most") from None
     except yaml.YAMLError:
         raise UserError(f"'{token}': cannot parse the value '{raw}'; quote strings with special characters") from None
 

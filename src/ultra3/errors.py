@@ -10,7 +10,7 @@ class LauncherError(Exception):
     whose = "launcher"
 
     def lines(self) -> list[str]:
-        return [f"error: {self}"]
+        return [f"error: {self}".replace("\r", "\\r").replace("\n", "\\n")]  # one line whatever it quotes
 
 
 class UserError(LauncherError):

@@ -15,7 +15,8 @@ class Finding:
     message: str  # one line: what is wrong and the fix
 
     def line(self) -> str:
-        return f"{self.level}: {self.key}: {self.message}"
+        """One line, whatever the values it quotes hold (a newline is shown escaped)."""
+        return f"{self.level}: {self.key}: {self.message}".replace("\r", "\\r").replace("\n", "\\n")
 
 
 @dataclass

@@ -21,7 +21,8 @@ def states(records: list[JobRecord]) -> dict[str, State]:
     for r in records:
         st = result.get(r.id)
         if st and st.done and st.state != "COMPLETED" and not st.reason:
-            st.reason = failure_reason(r)
+            st.reason = "cancelled (scancel or `nemotron jobs cancel`)" if st.state == "CANCELLED" and not st.upstream \
+                else failure_reason(r)
     return result
 
 

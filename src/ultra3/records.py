@@ -58,7 +58,11 @@ class State:
 
 
 def registry_dir() -> Path:
-    return state_home() / "jobs"
+    home = state_home()
+    if home.exists() and not home.is_dir():
+        raise UserError(f"NEMOTRON_HOME: {home} is a file, not a directory; point NEMOTRON_HOME at a directory "
+                        "(default ~/.nemotron)")
+    return home / "jobs"
 
 
 def save(record: JobRecord) -> None:

@@ -47,9 +47,12 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
         parts = line.split("|")
         if len(parts) >= 4:
             st = parts[1].split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
-            code = parts[2].split(":")[0]
-            found[parts[0]] = State(st, int(code) if st in TERMINAL and code.isdigit() else None,
-                                    parts[3] if st == "PENDING" and parts[3] != "None" else "", "sacct")
+            code, _, signal = parts[2].partition(":")  # "0:53": ended by signal 53, not exit code 0
+            signalled = st in TERMINAL and st != "CANCELLED" and signal not in ("", "0")
+            exit_code = int(code) if st in TERMINAL and st != "CANCELLED" and code.isdigit() and not signalled else None
+            reason = parts[3] if st == "PENDING" and parts[3] != "None" else f"ended by signal {signal}" if signalled \
+                else ""
+            found[parts[0]] = State(st, exit_code, reason, "sacct")
     missing = [r.slurm_id for r in records if r.slurm_id not in found]
     if missing:
         queue = run(["squeue", "-h", "-j", ",".join(missing), "-o", "%i|%T|%r"], ssh)
