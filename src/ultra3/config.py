@@ -28,9 +28,10 @@ def find_config(config_dir: str, name: str) -> Path:
         raise UserError(f"--config: empty; give a config name ({', '.join(config_names(config_dir))}) or a path")
     if "/" in name or name.endswith((".yaml", ".yml")):
         path = Path(name).expanduser()
+        if path.is_dir():
+            raise UserError(f"--config: '{name}' is a directory; give a YAML file or a config name")
         if not path.is_file():
-            what = "a directory" if path.is_dir() else "no such file"
-            raise UserError(f"--config: '{name}' is {what}; give a YAML file or a config name")
+            raise UserError(f"--config: no such file '{name}'")
         return path
     path = CONFIGS_DIR / config_dir / f"{name}.yaml"
     if not path.is_file():

@@ -49,7 +49,7 @@ class Report:
         for dotted in dict.fromkeys((key, *quoting)):
             value = _get(self.config, dotted)
             source = self.origin.get(dotted)
-            if value is None and source is None:
+            if (value is None and source is None) or isinstance(value, dict):  # a table: its leaves tell
                 continue
             groups.setdefault(source or "default", []).append(f"{dotted}={_short(value)}")
         return " [" + "; ".join(f"{', '.join(items)} from {source}" for source, items in groups.items()) + "]"

@@ -51,6 +51,16 @@ def node_groups(cfg: dict[str, Any]) -> list[tuple[str, int]]:
     return [(g, sizes[g]) for g in GROUPS if sizes[g]]
 
 
+def layout_keys(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The keys node_groups() sizes the groups from, for findings that quote the node accounting."""
+    lay = cfg["layout"]
+    keys = ["layout.train_nodes", "layout.colocated" if lay.get("colocated") else "layout.generation_nodes"]
+    if is_mopd(cfg["recipe"]):
+        keys += ["layout.nodes_per_teacher",
+                 *(f"teachers.{role}" for role in TEACHER_ROLES if (cfg.get("teachers") or {}).get(role))]
+    return (*keys, "layout.gym_nodes")
+
+
 def teacher_pools(cfg: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """The distinct teacher checkpoints, general's first, each with the roles it serves (a role without its own
     falls back to general's): NeMo RL serves one copy of each."""
@@ -181,7 +191,7 @@ def settle(job: Job) -> None:
     given, where = cfg["run"].get("nodes"), job.origin.get("run.nodes")
     if where == "command line" and given != total:
         report.error("run.nodes", f"{given} (set in command line), but the layout adds up to {total} nodes "
-                                  f"({describe(sizes)}); change layout.* instead")
+                                  f"({describe(sizes)}); change layout.* instead", quoting=layout_keys(cfg))
     elif where and given not in (None, total):
         report.note("run.nodes", f"{given} (set in {where}) gives way to the layout's {total} ({describe(sizes)})")
     _set(job, "run.nodes", total, f"layout: {describe(sizes)}")

@@ -74,7 +74,7 @@ def _check_rl(cfg: dict, report: Report) -> None:
     sample, val_rows = get(cfg, "sample"), get(cfg, "val_rows") or 100
     if sample and 0 < sample <= val_rows:
         report.error("sample", f"{sample} rows per blend leave nothing to train on after the last val_rows="
-                               f"{val_rows}; sample more than {val_rows} or lower val_rows")
+                               f"{val_rows}; sample more than {val_rows} or lower val_rows", quoting=("val_rows",))
 
 
 def _check_path(cfg: dict, path: object, key: str, report: Report) -> None:
@@ -102,8 +102,9 @@ def _check_packing(cfg: dict, report: Report) -> None:
     pack, mult = get(cfg, "pack_size"), get(cfg, "pad_seq_to_mult")
     if pack and mult and pack % mult:
         report.error("pad_seq_to_mult", f"pack_size {pack} is not a multiple of pad_seq_to_mult {mult}; use a pack "
-                                        f"size like {pack - pack % mult} or {pack - pack % mult + mult}")
+                                        f"size like {pack - pack % mult} or {pack - pack % mult + mult}",
+                     quoting=("pack_size",))
     ratios = [get(cfg, k) or 0 for k in ("valid_ratio", "test_ratio")]
     if any(r < 0 for r in ratios) or sum(ratios) >= 1:
         report.error("valid_ratio", f"valid_ratio + test_ratio = {sum(ratios)} leaves nothing to train on; keep the "
-                                    "sum below 1")
+                                    "sum below 1", quoting=("test_ratio",))

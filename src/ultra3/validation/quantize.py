@@ -53,7 +53,8 @@ def validate_quantize(cfg: dict, report: Report) -> None:
         nodes, gpus = get(cfg, "run.nodes", 1), get(cfg, "run.gpus_per_node", 0)
         if nodes != 1 or gpus > 1:
             report.error("backend", f"the hf backend quantizes in one process, but the job has {nodes} node(s) x "
-                                    f"{gpus} GPU(s); set run.nodes=1 run.gpus_per_node=1 (or 0), or backend=megatron")
+                                    f"{gpus} GPU(s); set run.nodes=1 run.gpus_per_node=1 (or 0), or backend=megatron",
+                         quoting=("run.nodes", "run.gpus_per_node"))
     elif backend == "megatron":
         _layouts(cfg, report)
     else:
@@ -88,16 +89,26 @@ def _recipe(name: object, report: Report) -> None:
 
 
 class _Renamed(Report):
-    """A report that files the parallelism rules' model.* findings under export.* (notes once only)."""
+    """A report that files the parallelism rules' model.* findings under export.* (notes once only). A quoted
+    model.* key is quoted as export.* where export sets it, else as the model.* key the export layout keeps."""
 
-    def __init__(self, into: Report):
-        super().__init__(findings=into.findings)
+    def __init__(self, into: Report, export: dict):
+        super().__init__(findings=into.findings, config=into.config, origin=into.origin)
+        self.exported = set(export)
 
-    def error(self, key: str, message: str) -> None:
-        super().error(key.replace("model.", "export.", 1), message.replace("model.", "export."))
+    def error(self, key: str, message: str, quoting: tuple[str, ...] = ()) -> None:
+        super().error(key.replace("model.", "export.", 1), message.replace("model.", "export."),
+                      self._quoted(key, quoting))
 
-    def warn(self, key: str, message: str) -> None:
-        super().warn(key.replace("model.", "export.", 1), message.replace("model.", "export."))
+    def warn(self, key: str, message: str, quoting: tuple[str, ...] = ()) -> None:
+        super().warn(key.replace("model.", "export.", 1), message.replace("model.", "export."),
+                     self._quoted(key, quoting))
+
+    def _quoted(self, key: str, quoting: tuple[str, ...]) -> tuple[str, ...]:
+        if not quoting:
+            return ()
+        return tuple(f"export.{k[6:]}" if k.startswith("model.") and k[6:] in self.exported else k
+                     for k in (key, *quoting))
 
     def note(self, key: str, message: str) -> None:
         pass  # the calibration pass already said it
@@ -107,7 +118,7 @@ def _layouts(cfg: dict, report: Report) -> None:
     parallelism.check(cfg, report)
     calibration = report.tables.pop("parallelism", None)
     export = {**cfg, "model": {**(cfg.get("model") or {}), **(cfg.get("export") or {})}}
-    renamed = _Renamed(report)
+    renamed = _Renamed(report, cfg.get("export") or {})
     parallelism.check(export, renamed)
     for layout, table in (("calibration", calibration), ("export", renamed.tables.get("parallelism"))):
         if table:
