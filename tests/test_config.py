@@ -291,7 +291,7 @@ def test_profile_user_errors(tmp_path, toml, name, message):
       "--run/--batch"]),
     ("[a]\nexecutor = 'slurm'\nexclusive = 'yes'\ngpus_per_node = 'eight'\n",
      ["error: env.toml [a] exclusive: must be true/false, got 'yes'",
-      "error: env.toml [a] gpus_per_node: must be an integer, got 'eight'"]),
+      "error: env.toml [a] gpus_per_node: must be an integer >= 0, got 'eight'"]),
     ("[a]\nexecutor = 'slurm'\n[a.env]\nHF_TOKEN = 'x'\nMY_PASSWORD = 'y'\n",
      ["error: env.toml [a] env.HF_TOKEN: secrets don't belong in env.toml: export HF_TOKEN where you submit from "
       "(for SSH profiles: in the login node's environment); the job inherits it from the environment",

@@ -9,6 +9,7 @@ A schema is a nested dict: section -> {key: type}. Types are int, float, str, bo
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,28 @@ JOB_NAME = Text(r"[A-Za-z0-9._-]*", "letters, digits, '.', '_' and '-' only (it 
                                     "and of log file names in the batch script)")
 SAFE_PATH = Text(r"[A-Za-z0-9._/~+-]+", "a path of letters, digits and '._/~+-' only (NeMo-Run's packager and the "
                                          "batch script use it unquoted)")
+SLURM_TIME = Text(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
+                  "a Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS (e.g. 04:00:00)")
+SLURM_MEM = Text(r"\d+[KMGT]?", "a Slurm memory size: a number with K, M, G or T (0: all of the node's memory)")
+RAY_ADDRESS = Text(r"(https?://)?[A-Za-z0-9._-]+(:\d{1,5})?/?", "a Ray dashboard address such as http://head:8265")
+INT64 = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Count:
+    """An integer within [low, high]."""
+
+    low: int
+    high: int = INT64
+
+    def __call__(self, value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    @property
+    def what(self) -> str:
+        return f"an integer from {self.low} to {self.high}" if self.high < INT64 else f"an integer >= {self.low}"
+
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -55,35 +78,35 @@ ENV = EnvTable()
 # The job's shape and executor settings: the `run` section of every stage, fed by the stage config,
 # the env.toml profile and the command line. The tuple lists which executors read the key.
 RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "nodes": (int, ("local", "slurm")),
-    "gpus_per_node": (int, ("local", "slurm")),
-    "cpus_per_task": (int, ("slurm",)),
+    "nodes": (Count(1), ("local", "slurm")),
+    "gpus_per_node": (Count(0), ("local", "slurm")),
+    "cpus_per_task": (Count(1), ("slurm",)),
     "env": (ENV, ("local", "slurm", "ray")),
     "setup": (list[str], ("local", "slurm")),
-    "time": (str, ("slurm",)),
+    "time": (SLURM_TIME, ("slurm",)),
     "container_image": (str, ("slurm",)),
     "mounts": (list[str], ("slurm",)),
     "account": (str, ("slurm",)),
     "partition": (str, ("slurm",)),
     "qos": (str, ("slurm",)),
-    "mem": (str, ("slurm",)),
+    "mem": (SLURM_MEM, ("slurm",)),
     "exclusive": (bool, ("slurm",)),
     "constraint": (str, ("slurm",)),
     "reservation": (str, ("slurm",)),
-    "segment": (int, ("slurm",)),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
+    "segment": (Count(1), ("slurm",)),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
     "job_name_prefix": (JOB_NAME, ("slurm",)),
     "host": (str, ("slurm",)),
     "user": (str, ("slurm",)),
-    "port": (int, ("slurm",)),
+    "port": (Count(1, 65535), ("slurm",)),
     "identity": (str, ("slurm",)),
     "job_dir": (SAFE_PATH, ("slurm",)),
-    "address": (str, ("ray",)),  # an existing Ray cluster's dashboard (Jobs API), e.g. http://head:8265
+    "address": (RAY_ADDRESS, ("ray",)),  # an existing Ray cluster's dashboard (Jobs API), e.g. http://head:8265
 }
 EXECUTORS = ("local", "slurm", "ray")
 
 # What the machines are, as a profile describes them (the `cluster` section): validation checks the
 # job's shape (run.nodes x run.gpus_per_node) against it.
-CLUSTER: Schema = {"gpu": str, "gpus_per_node": int, "nvlink_domain_size": int}
+CLUSTER: Schema = {"gpu": str, "gpus_per_node": Count(0), "nvlink_domain_size": Count(1)}
 
 
 def run_schema(executor: str) -> Schema:
@@ -199,7 +222,7 @@ def type_name(t: Any) -> str:
         return "a list of tables"
     if isinstance(t, tuple):
         return " or ".join(type_name(x) for x in t)
-    if isinstance(t, Text):
+    if isinstance(t, (Text, Count)):
         return t.what
     if isinstance(t, EnvTable):
         return "a table of environment variables (string values)"
@@ -214,13 +237,13 @@ def matches(value: Any, t: Any) -> bool:
         return any(matches(value, x) for x in t)
     if t is bool:
         return isinstance(value, bool)
-    if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if t is int:  # what Megatron and Slurm can hold
+        return isinstance(value, int) and not isinstance(value, bool) and -INT64 - 1 <= value <= INT64
     if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if t is str:
         return isinstance(value, str)
-    if isinstance(t, (Text, EnvTable)):
+    if isinstance(t, (Text, EnvTable, Count)):
         return t(value)
     if t is dict:
         return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
@@ -273,7 +296,16 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
                 report.error(f"{path}.{name}", f"not an environment variable name{where}; use letters, digits and "
                                                "'_', not starting with a digit")
         elif not matches(value, t):
-            report.error(path, f"must be {type_name(t)}, got {value!r}{where}")
+            report.error(path, f"must be {_bounded(value, t) or type_name(t)}, got {value!r}{where}")
+
+
+def _bounded(value: Any, t: Any) -> str:
+    """What a number of the right type is still missing: finiteness, the 64-bit range."""
+    if isinstance(value, float) and not math.isfinite(value) and matches(1.0, t):
+        return "a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64 and matches(1, t):
+        return "an integer within 64 bits"
+    return ""
 
 
 def _where(path: str, origin: dict[str, str]) -> str:

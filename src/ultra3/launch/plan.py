@@ -69,7 +69,7 @@ def slurm_spec(job: Job, job_dir: str) -> SlurmSpec:
         exclusive=True if run.get("exclusive") else None,
         constraint=run.get("constraint"),
         additional={k: run[k] for k in ("reservation", "segment") if run.get(k)},
-        container_image=run.get("container_image"),
+        container_image=run.get("container_image") or None,  # "": no container, on purpose
         container_mounts=list(run.get("mounts") or []),
         env_vars=env,
         setup_lines=_untraced([line.replace(JOB_DIR_PLACEHOLDER, job_dir) for line in run.get("setup") or []]),

@@ -3,6 +3,7 @@
 One module per concern, each with ``check(cfg, report)``; they read the config with missing/None-tolerant helpers,
 collect every finding (none stops at the first) and add derived facts and printable tables to the report:
 
+* values       sizes and counts that must be positive, a known mixed-precision preset
 * cluster      nodes, GPUs per node, GPU type: ONE warning per unknown, the other checks skip quietly
 * parallelism  world vs TP·PP·CP and the expert mesh, layers/experts/heads per rank, hybrid layer pattern
 * sequence     seq_length vs CP and SP, packed-SFT pack size
@@ -22,9 +23,9 @@ from __future__ import annotations
 from ultra3.findings import Report
 from ultra3.training_inputs import check_hf_config
 
-from . import batch, cluster, memory, parallelism, precision, schedule, sequence, topology
+from . import batch, cluster, memory, parallelism, precision, schedule, sequence, topology, values
 
-RULES = (cluster, parallelism, sequence, batch, precision, topology, schedule, memory)
+RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, memory)
 
 __all__ = ["RULES", "validate_training"]
 
