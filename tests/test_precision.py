@@ -77,7 +77,9 @@ def test_tiny_runs_bf16_and_its_pattern_maps_layer_by_layer(home):
     assert not [k for k in job.config["run"].get("env") or {} if k.startswith("NVTE_")]
     assert "precision by module" not in job.report.tables
 
-    job = compile_("pretrain", NVFP4, "model.num_layers_at_end_in_bf16=2", config="tiny")
+    with pytest.raises(InvalidConfig, match="1 error"):  # its Mamba in_proj is 2440 wide: not for FP4 GEMMs
+        compile_("pretrain", NVFP4, "model.num_layers_at_end_in_bf16=2", config="tiny")
+    job = compile_("pretrain", NVFP4, "model.num_layers_at_end_in_bf16=2", "model.mamba_num_heads=16", config="tiny")
     m = layer_map(job.config)
     assert m.quantized == [True] * 5 + [False] * 2
     assert dict(job.report.tables["precision by layer"])["layer types"].startswith("MEM*EME  (")
@@ -260,3 +262,20 @@ def test_megatron_core_matches_the_recipe_as_the_dry_run_says(home):
             assert params.training_recipe.fp4_quantization_recipe is None
             assert params.training_recipe.fp8_quantization_recipe is None  # BF16, overriding the layer's NVFP4
             assert params.training_recipe.override_quantized_autocast
+
+
+def test_a_suggested_precision_passes_the_dry_run(home):
+    """On Hopper the NVFP4 error suggests FP8 only where the model's GEMM widths allow it."""
+    with pytest.raises(InvalidConfig) as tiny:
+        compile_("pretrain", "mixed_precision=bf16_with_nvfp4_mixed", "cluster.gpu=h100", config="tiny")
+    line = next(f.message for f in tiny.value.findings if "needs SM 10.0" in f.message)
+    assert "bf16_mixed (BF16)" in line and "fp8" not in line.split("[")[0], line
+    with pytest.raises(InvalidConfig, match="1 error"):  # what it would otherwise have suggested
+        compile_("pretrain", "mixed_precision=bf16_with_fp8_current_scaling_mixed", "cluster.gpu=h100", config="tiny")
+    compile_("pretrain", "mixed_precision=bf16_mixed", "cluster.gpu=h100", config="tiny")
+    with pytest.raises(InvalidConfig) as aligned:
+        compile_("pretrain", "mixed_precision=bf16_with_nvfp4_mixed", "cluster.gpu=h100", "model.mamba_num_heads=16",
+                 config="tiny")
+    assert any("or bf16_with_fp8_current_scaling_mixed (FP8, SM 8.9+)" in f.message for f in aligned.value.findings)
+    compile_("pretrain", "mixed_precision=bf16_with_fp8_current_scaling_mixed", "cluster.gpu=h100",
+             "model.mamba_num_heads=16", config="tiny")

@@ -87,6 +87,7 @@ def check(cfg: dict, report) -> None:
         return
     report.facts["precision"] = (low_precision(prec) or "bf16").lower()
     _hardware(cfg, prec, report)
+    _alignment(cfg, prec, report)
     _knobs(cfg, prec, report)
     if prec.nvfp4:
         _nvfp4(cfg, prec, report)
@@ -110,24 +111,60 @@ def _grad_reduce(cfg: dict, report) -> None:
         )
 
 
+FP8_ALIGN = 16  # Transformer Engine's FP8/FP4 GEMMs take dimensions in multiples of 16
+
+
+def gemm_widths(cfg: dict) -> dict[str, int]:
+    """The output widths of the model's GEMMs per tensor-parallel rank, by what they are (known ones only)."""
+    m = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    tp = pos_int(m.get("tensor_model_parallel_size")) or 1
+    widths = {k: m.get(k) for k in ("hidden_size", "ffn_hidden_size", "moe_ffn_hidden_size",
+                                     "moe_shared_expert_intermediate_size", "moe_latent_size")}
+    heads, head_dim, groups, state = (m.get(k) for k in ("mamba_num_heads", "mamba_head_dim", "mamba_num_groups",
+                                                          "mamba_state_dim"))
+    if all(is_int(v) and v > 0 for v in (heads, head_dim, groups, state)):
+        widths["Mamba in_proj (2·heads·head_dim + 2·groups·state_dim + heads)"] = \
+            (2 * heads * head_dim + 2 * groups * state + heads) // tp
+    return {k: v for k, v in widths.items() if is_int(v) and v > 0}
+
+
+def unaligned(cfg: dict) -> dict[str, int]:
+    return {k: v for k, v in gemm_widths(cfg).items() if v % FP8_ALIGN}
+
+
+def _alignment(cfg: dict, prec, report) -> None:
+    """FP8/FP4 GEMMs on widths that are not multiples of 16 fail in Transformer Engine at the first step."""
+    if not (prec.fp8 or prec.nvfp4):
+        return
+    for what, width in unaligned(cfg).items():
+        report.error("mixed_precision", f"{prec.name} runs the model's GEMMs in {'NVFP4' if prec.nvfp4 else 'FP8'}, "
+                                        f"which needs widths in multiples of {FP8_ALIGN}, but {what} is {width}; "
+                                        "set mixed_precision=bf16_mixed or change that size",
+                     quoting=tuple(f"model.{k}" for k in ("mamba_num_heads", "mamba_head_dim", "mamba_num_groups",
+                                                            "mamba_state_dim", "tensor_model_parallel_size")
+                                   ) if what.startswith("Mamba") else (f"model.{what}",))
+
+
 def _hardware(cfg: dict, prec, report) -> None:
     gpu = gpu_type(cfg)
     if gpu is None:
         return  # cluster.check warned once
     cc = f"SM {gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
+    fp8_fits = not unaligned(cfg) and gpu.compute_capability >= (8, 9)  # only a suggestion the dry run passes
     if prec.nvfp4 and not gpu.supports_nvfp4:
         report.error(
             "mixed_precision",
             f"{prec.name} trains in NVFP4, which needs {NVFP4_SM} (Blackwell), but {gpu.name} is {cc}; "
-            f"use a Blackwell profile ({BLACKWELL}), or set mixed_precision=bf16_mixed (BF16) or "
-            "bf16_with_fp8_current_scaling_mixed (FP8, SM 8.9+)",
+            f"use a Blackwell profile ({BLACKWELL}), or set mixed_precision=bf16_mixed (BF16)"
+            + (" or bf16_with_fp8_current_scaling_mixed (FP8, SM 8.9+)" if fp8_fits else ""),
             quoting=("cluster.gpu",),
         )
     elif prec.mxfp8 and gpu.compute_capability < (10, 0):
         report.error(
             "mixed_precision",
             f"{prec.name} trains in MXFP8, which needs SM 10.0+ (Blackwell), but {gpu.name} is {cc}; use a "
-            f"Blackwell profile ({BLACKWELL}) or set mixed_precision=bf16_with_fp8_current_scaling_mixed or bf16_mixed",
+            f"Blackwell profile ({BLACKWELL}) or set mixed_precision="
+            + ("bf16_with_fp8_current_scaling_mixed or bf16_mixed" if fp8_fits else "bf16_mixed"),
             quoting=("cluster.gpu",),
         )
     elif prec.fp8 and not prec.mxfp8 and gpu.compute_capability < (8, 9):
