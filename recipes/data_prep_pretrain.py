@@ -126,18 +126,18 @@ def scan_sources(settings: Settings, files: dict, cache: dict, cluster: Cluster)
             for path, fmt in files[d.name][0]:
                 if need == 0:
                     break
-                entry = inputs.scan(path, fmt, d.field, cache.get((path, d.field)), need)
+                entry = inputs.scan(path, fmt, d.field, cache.get((inputs.shown(path), d.field)), need)
                 result[d.name].append(entry)
                 need -= entry["records"]
         return result
     jobs = [(d.name, path, fmt, d.field) for d in settings.datasets for path, fmt in files[d.name][0]]
     size = sum(os.path.getsize(path) for _, path, _, _ in jobs)
     if not cluster.address or size <= SCAN_LOCAL_BYTES or len(jobs) == 1:  # the embedded Ray: no more CPUs
-        entries = [inputs.scan(path, fmt, field, cache.get((path, field))) for _, path, fmt, field in jobs]
+        entries = [inputs.scan(path, fmt, field, cache.get((inputs.shown(path), field))) for _, path, fmt, field in jobs]
     else:
         ray = cluster.start()
         remote = ray.remote(num_cpus=1, max_retries=2)(inputs.scan)
-        refs = [remote.remote(path, fmt, field, cache.get((path, field))) for _, path, fmt, field in jobs]
+        refs = [remote.remote(path, fmt, field, cache.get((inputs.shown(path), field))) for _, path, fmt, field in jobs]
         try:
             entries = ray.get(refs)
         except DataPrepError as e:
@@ -251,7 +251,8 @@ def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: di
         datasets.append({
             "name": d.name, "path": d.path, "weight": d.weight, "text_field": d.field,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
-            "inputs": [{"path": s["path"], "format": s["format"], **s["fingerprint"], "records": s["records"]}
+            "inputs": [{"path": inputs.shown(s["path"]), "format": s["format"], **s["fingerprint"],
+                        "records": s["records"]}
                        for s in sources[d.name]],
             "records": sum(r["records"] for r in rows), "docs": sum(r["docs"] for r in rows),
             "tokens": sum(r["tokens"] for r in rows), "bad_records": bad.total, "bad": bad.to_json(),
@@ -331,9 +332,9 @@ def run(config_path: str) -> int:
         os.makedirs(out, exist_ok=True)
         shards.write_json(os.path.join(out, "plan.json"), {
             "format": shards.FORMAT,
-            "sources": [s for d in settings.datasets for s in sources[d.name]],
+            "sources": [{**s, "path": inputs.shown(s["path"])} for d in settings.datasets for s in sources[d.name]],
             "shards": [{"dataset": t.dataset, "index": t.index, "records": t.records, "plan_hash": t.plan_hash,
-                        "pieces": [{"file": p.file, "start": p.start, "end": p.end} for p in t.pieces]}
+                        "pieces": [{"file": inputs.shown(p.file), "start": p.start, "end": p.end} for p in t.pieces]}
                        for t in tasks],
         })
         for name, ds_tasks in plan.items():

@@ -122,7 +122,8 @@ def _source_files(settings: Settings, name: str) -> tuple[list, dict]:
             raise DataPrepError(f"placeholders.{name}: {s.path} matches no file")
     files = [_describe(p) for p in paths]
     return files, {"path": s.path, "split": s.split, "revision": revision,
-                   "files": [{"path": f["path"], "format": f["format"], **f["fingerprint"]} for f in files]}
+                   "files": [{"path": inputs.shown(f["path"]), "format": f["format"], **f["fingerprint"]}
+                             for f in files]}
 
 
 def _describe(path: str) -> dict:

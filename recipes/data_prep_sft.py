@@ -122,7 +122,7 @@ def fingerprint(settings: Settings, sources: dict, tok: tokenization.TokenizerIn
             "progress_interval")
     return hashlib.sha256(json.dumps({
         "format": FORMAT,
-        "datasets": [{**asdict(d), "inputs": [{"path": s["path"], **s["fingerprint"], "records": s["records"]}
+        "datasets": [{**asdict(d), "inputs": [{**s["fingerprint"], "records": s["records"]}
                                               for s in sources[d.name]]} for d in settings.datasets],
         "tokenizer_sha256": tok.sha256, "pad_id": tok.eod_id, "template_sha256": template_sha,
         **{k: v for k, v in asdict(settings).items() if k not in keep},
@@ -279,7 +279,8 @@ def run(config_path: str) -> int:
         datasets.append({
             "name": d.name, "path": d.path, "messages_field": d.field, "weight": d.weight,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
-            "inputs": [{"path": s["path"], "format": s["format"], **s["fingerprint"], "records": s["records"]}
+            "inputs": [{"path": inputs.shown(s["path"]), "format": s["format"], **s["fingerprint"],
+                        "records": s["records"]}
                        for s in sources[d.name]],
             "records": pd["records"], "conversations": pd["conversations"], "bad_records": pd["bad"].total,
             "bad": pd["bad"].to_json(),

@@ -37,3 +37,23 @@ def test_tiny_data_prep_then_the_pretrain_dry_run_that_reads_it(cli, home):
     broken = cli("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false")
     assert broken.rc == 2 and broken.err_lines[0].startswith("error: dataset.blend_path: ")
     assert "without .bin/.idx" in broken.err
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "sft"])
+def test_a_second_local_run_into_the_same_output_reuses_everything_byte_for_byte(cli, home, tmp_path, stage):
+    """Each local job reads its own copy of the shipped samples: what identifies the work is their content."""
+    out = tmp_path / "data"
+    first = cli("data", "prep", stage, "-c", "tiny", f"output_dir={out}")
+    assert first.rc == 0, first.err + first.out[-2000:]
+    before = _tree(out)
+    second = cli("data", "prep", stage, "-c", "tiny", f"output_dir={out}")
+    assert second.rc == 0, second.err + second.out[-2000:]
+    if stage == "pretrain":
+        assert re.search(r"shards written 0, reused [1-9]", second.out), second.out[-2000:]
+    else:
+        assert "is up to date (same inputs and settings)" in second.out, second.out[-2000:]
+    assert _tree(out) == before

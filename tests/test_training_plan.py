@@ -6,16 +6,21 @@ dotlist of each shipped config matches its golden file (tests/golden/overrides-*
 from __future__ import annotations
 
 import ast
-import re
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import inputs
 from ultra3 import megatron_api, schema
 from ultra3.compile import Options, compile_job
 from ultra3.paths import RECIPES_DIR, config_names
+
+REPO = Path(__file__).resolve().parents[1]
 from ultra3.stages import STAGES
 from ultra3.training_inputs import hf_model_keys
 
@@ -188,3 +193,24 @@ def test_checkpoint_dir_is_shared_by_resubmissions_of_a_real_run(home, config, s
         cfg = job.with_job({"id": job_id, "dir": f"/r/experiments/ultra3-pretrain/{job_id}"})
         assert cfg["checkpoint"]["save"] == save.format(job=job_id)
         assert plan.override_values(cfg)["checkpoint.load"] == save.format(job=job_id)  # resume from the latest checkpoint there
+
+
+@pytest.mark.parametrize("stage,config,message", [
+    ("sft", {"job": {"stage": "sft"}, "dataset": {"mock": False}, "model": {}},
+     "ultra3 sft: error: dataset.packed_dir is not set: give the output dir of `ultra3 data prep sft`, or "
+     "dataset.mock=true"),
+    ("sft", {"job": {"stage": "sft"}, "dataset": {"mock": False, "packed_dir": "/nonexistent/sft"}, "model": {}},
+     "ultra3 sft: error: dataset.packed_dir /nonexistent/sft has no train/ directory; give the output dir of "
+     "`ultra3 data prep sft`"),
+    ("pretrain", {"job": {"stage": "pretrain"}, "dataset": {"blend_path": "/nonexistent/blend.json"}, "model": {}},
+     "ultra3 pretrain: error: dataset.blend_path /nonexistent/blend.json is not a file; give the blend.json that "
+     "`ultra3 data prep pretrain` wrote"),
+    ("pretrain", {"job": {"stage": "sft"}}, "is a sft config, not pretrain; run it with its own stage"),
+])
+def test_the_training_runtime_refuses_bad_input_in_one_line(tmp_path, stage, config, message):
+    """Before any Megatron import: exit 2 and one `<prog>: error:` line, as every runtime."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    p = subprocess.run([sys.executable, "-m", f"recipes.{stage}", "--config", str(path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and message in p.stderr, p.stderr

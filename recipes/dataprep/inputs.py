@@ -30,6 +30,7 @@ EXTENSIONS = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz
 BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty_text")
 MAX_EXAMPLES = 5  # places kept per kind of bad record, per shard and per dataset
 FINGERPRINT_BYTES = 1 << 20
+SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 BLOCK_BYTES = 8 << 20  # JSONL read and decoded at once
 
 
@@ -66,16 +67,29 @@ def expand(path: str) -> list[str]:
 
 
 def fingerprint(path: str) -> dict:
-    """Size, modification time and the SHA-256 of the first and last MiB: cheap on huge files, and it
-    changes whenever a file is rewritten, appended to or replaced."""
-    st = os.stat(path)
+    """What the file holds, never where it is or when it was written (a job reads its own copy of the shipped
+    samples): its size and the SHA-256 of its first and last MiB and of SAMPLES evenly spaced 64 KiB blocks
+    between them. Cheap on huge files; a rewrite, an append or a replacement changes it."""
+    size = os.stat(path).st_size
     h = hashlib.sha256()
     with open(path, "rb") as f:
         h.update(f.read(FINGERPRINT_BYTES))
-        if st.st_size > FINGERPRINT_BYTES:
-            f.seek(max(FINGERPRINT_BYTES, st.st_size - FINGERPRINT_BYTES))
+        if size > 2 * FINGERPRINT_BYTES:
+            inner = size - 2 * FINGERPRINT_BYTES
+            for i in range(SAMPLES):
+                f.seek(FINGERPRINT_BYTES + inner * i // SAMPLES)
+                h.update(f.read(SAMPLE_BYTES))
+        if size > FINGERPRINT_BYTES:
+            f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
             h.update(f.read(FINGERPRINT_BYTES))
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256_head_tail": h.hexdigest()}
+    return {"bytes": size, "sha256_sampled": h.hexdigest()}
+
+
+def shown(path: str) -> str:
+    """A path as outputs record it: relative to the job's directory when inside it (the job's copy of the shipped
+    samples), so the same inputs give the same bytes from any job."""
+    here = os.getcwd() + os.sep
+    return os.path.relpath(path) if path.startswith(here) else path
 
 
 def open_binary(path: str, fmt: str) -> io.BufferedIOBase:
@@ -326,7 +340,7 @@ def scan(path: str, fmt: str, text_field: str, cached: dict | None = None, limit
     except OSError as e:
         raise DataPrepError(f"{path} is not readable ({e.strerror})") from None
     entry = {"path": path, "format": fmt, "text_field": text_field, "fingerprint": fp}
-    if cached and all(cached.get(k) == entry[k] for k in entry):
+    if cached and all(cached.get(k) == entry[k] for k in entry if k != "path"):  # the same content anywhere
         n, full = cached["records"], cached["exhaustive"]
         if full:
             return {**entry, "records": n if limit is None else min(n, limit),

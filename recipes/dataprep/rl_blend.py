@@ -44,7 +44,9 @@ class BlendTask:
 
     @property
     def key(self) -> str:
-        what = {k: v for k, v in asdict(self).items() if k != "staging"}
+        what = {k: v for k, v in asdict(self).items() if k not in ("staging", "path")}  # content, not place
+        what["sources"] = {s: [{k: v for k, v in f.items() if k != "path"} for f in files]
+                           for s, files in self.sources.items()}
         return hashlib.sha256(json.dumps({"format": FORMAT, **what}, sort_keys=True).encode()).hexdigest()
 
     @property

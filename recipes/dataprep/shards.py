@@ -13,7 +13,7 @@ writes the receipt `shard_NNNNNN.json` (again tmp + rename). No shard is visible
 half-written, and a shard without a valid receipt is written again from scratch.
 
 Receipt. It records the shard's plan hash (SHA-256 of everything its bytes depend on: the input files'
-fingerprints and record range, the tokenizer's SHA-256, EOD, dtype, text field, format version) and the
+fingerprints (content, not paths) and record range, the tokenizer's SHA-256, EOD, dtype, text field, format version) and the
 sizes and SHA-256 of both files. A later run skips a shard whose receipt has the same plan hash and whose
 files still have the recorded sizes and are not newer than the receipt (`verify: checksum` also re-hashes
 them).
@@ -97,7 +97,8 @@ def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict]
                 task.est_bytes += s["fingerprint"]["bytes"] * (b - a) // max(s["records"], 1)
         task.plan_hash = hashlib.sha256(json.dumps({
             "format": FORMAT, "tokenizer_sha256": tokenizer_sha, "eod_id": eod_id, "dtype": dtype,
-            "text_field": text_field, "pieces": [asdict(p) for p in task.pieces],
+            "text_field": text_field,
+            "pieces": [{k: v for k, v in asdict(p).items() if k != "file"} for p in task.pieces],  # content, not place
         }, sort_keys=True).encode()).hexdigest()
         tasks.append(task)
     return tasks

@@ -37,6 +37,10 @@ OWN_DATASET_KEYS = ("blend_path", "packed_dir", "pack_size", "mock")
 HF_CONFIG_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.py"]
 
 
+class TrainingInputError(Exception):
+    """The job's config or inputs cannot train: one line on stderr, exit INPUT_ERROR_EXIT (as every runtime)."""
+
+
 @dataclass
 class Build:
     """A Megatron-Bridge config object to construct: `target(**kwargs)`; a kwarg may be a Build too."""
@@ -83,7 +87,10 @@ def sft_dataset(cfg: dict) -> Build:
                                    "reset_attention_mask": False, "reset_position_ids": False, "eod_mask_loss": False,
                                    "num_dataset_builder_threads": 1, "blend": None, "blend_per_split": None,
                                    "split": "1,1,1", "dataloader_type": "single"})
-    root = dataset["packed_dir"]
+    root = dataset.get("packed_dir")
+    if not root:
+        raise TrainingInputError("dataset.packed_dir is not set: give the output dir of `ultra3 data prep sft`, or "
+                                 "dataset.mock=true")
     tp, cp = model.get("tensor_model_parallel_size") or 1, model.get("context_parallel_size") or 1
     specs = Build(PACKING_SPECS, {
         "packed_sequence_size": seq_length,

@@ -14,11 +14,13 @@ import argparse
 import importlib
 import json
 import os
+import sys
 import tempfile
 from typing import Any
 
 import yaml
 
+from ..contract import INPUT_ERROR_EXIT
 from .hf_config import hf_config
 from .plan import (
     BLEND_HELPER,
@@ -28,6 +30,7 @@ from .plan import (
     OVERRIDE_HELPER,
     Build,
     Plan,
+    TrainingInputError,
     make_plan,
 )
 
@@ -72,15 +75,47 @@ def build_container(plan: Plan, cfg: dict):
     return container
 
 
+def read_config(path: str, stage: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise TrainingInputError(f"{path}: not a readable config ({type(e).__name__}: {str(e).splitlines()[0]})") \
+            from None
+    got = ((cfg or {}).get("job") or {}).get("stage") if isinstance(cfg, dict) else None
+    if got != stage:
+        raise TrainingInputError(f"{path} is a {got or 'stage-less'} config, not {stage}; run it with its own stage")
+    return cfg
+
+
+def check_inputs(plan: Plan) -> None:
+    """What the Megatron-Bridge builders would fail on deep inside, said first."""
+    if plan.blend_path and not os.path.isfile(plan.blend_path):
+        raise TrainingInputError(f"dataset.blend_path {plan.blend_path} is not a file; give the blend.json that "
+                                 "`ultra3 data prep pretrain` wrote")
+    root = plan.dataset.kwargs.get("dataset_root") if isinstance(plan.dataset, Build) else None
+    if root and not os.path.isdir(os.path.join(root, "train")):
+        raise TrainingInputError(f"dataset.packed_dir {root} has no train/ directory; give the output dir of "
+                                 "`ultra3 data prep sft`")
+
+
 def main(stage: str) -> None:
     parser = argparse.ArgumentParser(description=f"ultra3 {stage} runtime")
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
-    with open(args.config) as f:
-        cfg = yaml.safe_load(f)
-    if cfg["job"]["stage"] != stage:
-        raise SystemExit(f"ultra3: {args.config} is a {cfg['job']['stage']} config, not {stage}")
+    from .precision import PrecisionError
+
+    try:
+        train(stage, args.config)
+    except (TrainingInputError, PrecisionError) as e:
+        print(f"ultra3 {stage}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        raise SystemExit(INPUT_ERROR_EXIT) from None
+
+
+def train(stage: str, path: str) -> None:
+    cfg = read_config(path, stage)
     plan = make_plan(cfg)
+    check_inputs(plan)
     container = build_container(plan, cfg)
 
     from .precision import apply_precision
