@@ -377,3 +377,20 @@ def test_bad_input(case: Case, cli_here, home, request, tmp_path):
     assert not home.exists() or not any(home.iterdir()), f"written under NEMOTRON_HOME: {list(home.rglob('*'))}"
     if case.submits:
         assert not _our_new_jobs(before, str(tmp_path)), "a job was queued"
+
+
+@pytest.mark.parametrize("name,content,problem", [
+    ("empty.jsonl", b"", "is empty (no records)"),
+    ("blank.jsonl", b"\n\n  \n", "is empty (no records)"),
+    ("fake.parquet", b"PAR1 not really", "is not a .parquet file (it does not start and end as one does)"),
+    ("fake.jsonl.gz", b'{"text": "plain"}\n', "is not a .gz file (it does not start as one does)"),
+    ("fake.jsonl.zst", b'{"text": "plain"}\n', "is not a .zst file (it does not start as one does)"),
+])
+def test_a_local_data_prep_checks_its_input_files_before_writing_anything(cli_here, home, tmp_path, name, content,
+                                                                           problem):
+    corpus = tmp_path / name
+    corpus.write_bytes(content)
+    r = cli_here("data", "prep", "pretrain", "-c", "tiny", f"datasets=[{{name: x, path: {corpus}}}]")
+    assert r.rc == 2 and r.err_lines == [f"error: datasets[0].path: {corpus} {problem} on this machine; fix the path"], \
+        r.err
+    assert not (home / "state").exists() or not any((home / "state").rglob("config.yaml"))

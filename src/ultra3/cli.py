@@ -103,7 +103,7 @@ def _stage_command(stage: Stage):
 
         # a stage flag is its config key set on the command line, after the overrides
         values = {f.key: options.pop(f.key) for f in stage.flags}
-        given = [f"{key}={str(v).lower()}" for key, v in values.items() if v not in (None, False)]
+        given = [f"{key}={str(v).lower()}" for key, v in values.items() if v is not None and v is not False]  # 0 too
         run_stage(stage, _merge_group_options(ctx, options), [*(overrides or []), *given])
 
     command.__doc__ = stage.summary

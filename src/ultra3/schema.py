@@ -148,11 +148,12 @@ _DATA_PREP: Schema = {
     "run": None,
     "tokenizer": str,  # a Hugging Face tokenizer name or a local path
     "output_dir": str,
-    "num_shards": int,
-    "sample": int,  # process only the first N documents, into <output_dir>/sample-N
+    "num_shards": Count(1),
+    "sample": Count(1),  # process only the first N documents, into <output_dir>/sample-N
     "force": bool,
     "strict": bool,  # bad records are errors instead of counted and skipped
-    "workers": int,  # Ray tasks at a time (default: all CPUs)
+    "max_bad_fraction": float,  # more bad records than this share of a dataset (or no tokens at all) fails the run
+    "workers": Count(1),  # Ray tasks at a time (default: all CPUs)
     "hf_cache_dir": str,  # where hf:// datasets are downloaded first (shared storage)
     "progress_interval": float,  # seconds between progress lines
     "object_store_mb": int,  # the embedded Ray's object store

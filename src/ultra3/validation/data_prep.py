@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pathlib
 
 from ultra3.findings import Report
 from ultra3.paths import RECIPES_DIR
@@ -30,6 +31,9 @@ def validate_data_prep(cfg: dict, report: Report) -> None:
         value = get(cfg, key)
         if value is not None and value < (0 if key.endswith("_shards") else 1):
             report.error(key, f"{value} is out of range; use a positive number")
+    share = get(cfg, "max_bad_fraction")
+    if share is not None and not 0 <= share <= 1:
+        report.error("max_bad_fraction", f"{share} is a share of a dataset's records: use a number from 0 to 1")
     _check_packing(cfg, report)
 
 
@@ -82,11 +86,48 @@ def _check_path(cfg: dict, path: object, key: str, report: Report) -> None:
         report.error(key, "no path; give a local file or glob (.jsonl, .jsonl.gz, .jsonl.zst, .parquet) or hf://org/name")
     elif isinstance(path, str) and not path.startswith(HF) and not _exists(path):
         _missing(cfg, key, f"{path} matches no file", report)
+    elif isinstance(path, str) and not path.startswith(HF) and (problem := _unreadable(path)):
+        _missing(cfg, key, problem, report)
+
+
+def _local(path: str) -> str:
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else str(RECIPES_DIR.parent / path)
 
 
 def _exists(path: str) -> bool:
-    path = os.path.expanduser(path)
-    return bool(glob.glob(path if os.path.isabs(path) else str(RECIPES_DIR.parent / path)))
+    return bool(glob.glob(_local(path)))
+
+
+# what a file of each kind starts (and, for Parquet, ends) with
+MAGIC = {".parquet": b"PAR1", ".gz": b"\x1f\x8b", ".zst": b"\x28\xb5\x2f\xfd"}
+CHECKED_FILES = 1000  # a corpus of more files: the first ones (the job's reader checks every one)
+
+
+def _unreadable(path: str) -> str | None:
+    """An input file that is empty or not what its name says (a Parquet file without PAR1, a .gz that is not
+    gzip): found here, before a job dir is written."""
+    found = []
+    for match in sorted(glob.glob(_local(path)))[:CHECKED_FILES]:
+        if os.path.isdir(match):
+            found += sorted(str(f) for f in pathlib.Path(match).rglob("*") if f.suffix in (*MAGIC, ".jsonl"))
+        else:
+            found.append(match)
+    for file in found[:CHECKED_FILES]:
+        try:
+            size = os.path.getsize(file)
+            with open(file, "rb") as f:
+                head = f.read(4)
+                f.seek(max(0, size - 4))
+                tail = f.read(4)
+        except OSError as e:
+            return f"{file} is not readable ({e.strerror})"
+        magic = next((m for ext, m in MAGIC.items() if file.endswith(ext)), None)
+        if size == 0 or (not magic and size <= 1 << 16 and not pathlib.Path(file).read_bytes().strip()):
+            return f"{file} is empty (no records)"
+        if magic and (not head.startswith(magic) or (file.endswith(".parquet") and tail != magic)):
+            return f"{file} is not a {os.path.splitext(file)[1]} file (it does not start{' and end' if file.endswith('.parquet') else ''} as one does)"
+    return None
 
 
 def _missing(cfg: dict, key: str, what: str, report: Report) -> None:
