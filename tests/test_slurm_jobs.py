@@ -247,6 +247,11 @@ def test_cancel_a_running_job(slurm, cli, home):
     add_profile("slow", setup=["sleep 120"])
     sub = submit(cli, "--batch", "slow")
     wait_state(cli, sub.id, "RUNNING", timeout=60)
+    newest = jobs(cli, "status")  # no id: the newest job
+    assert newest.rc == 0 and f"job:       {sub.id}\n" in newest.out and sub.id in newest.err, newest.out + newest.err
+    quiet = jobs(cli, "logs", sub.id)  # in its setup lines: no log yet, and where to look
+    assert quiet.rc == 0 and quiet.out == "" and "(no log yet: the job is RUNNING; the batch script's own output is " \
+        f"{sub.task_dir}/sbatch_*_{sub.slurm_id}.out;" in quiet.err, quiet.err
 
     r = jobs(cli, "cancel", sub.id)
     assert r.rc == 0 and r.out.strip() == f"cancelled {sub.id} (Slurm job {sub.slurm_id})", r.out + r.err

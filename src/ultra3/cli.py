@@ -210,14 +210,16 @@ def build_jobs() -> typer.Typer:
         list_jobs(limit)
 
     @app.command()
-    def status(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
+    def status(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, a unique prefix, or a pipe id "
+                                                             "(default: the newest job).")) -> None:
         """Show one job (state, exit code, reason, paths) or every step of a pipe."""
         from .jobs_cli import show_status
 
         show_status(job)
 
     @app.command()
-    def logs(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix."),
+    def logs(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, or a unique prefix (default: the "
+                                                            "newest job)."),
              follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends.")) -> None:
         """Print the job's log."""
         from .jobs_cli import show_logs

@@ -3,6 +3,7 @@ job's reason), their logs, following one until it ends, and cancelling it."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from .contract import PREFLIGHT_MARK
@@ -31,7 +32,7 @@ def state(record: JobRecord) -> State:
 
 
 def log_text(record: JobRecord) -> str:
-    return for_record(record).read_log(record, 0)[0]
+    return plain(for_record(record).read_log(record, 0)[0])
 
 
 def failure_reason(record: JobRecord) -> str:
@@ -43,6 +44,13 @@ def failure_reason(record: JobRecord) -> str:
     return lines[-1].strip() if lines else ""
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray's colours: noise in a log file and in a pipe
+
+
+def plain(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
 def follow(record: JobRecord, out, poll: float = 1.0) -> State:
     """Print the log as it grows (reading only the new bytes) until the job ends, or its state can no
     longer be known; return the final state."""
@@ -51,11 +59,11 @@ def follow(record: JobRecord, out, poll: float = 1.0) -> State:
     while True:
         st = state(record)
         text, offset = reader.read_log(record, offset)
-        out.write(text)
+        out.write(plain(text))
         out.flush()
         if st.done or st.state == "UNKNOWN":
             time.sleep(poll)  # the last lines land after the state flips
-            out.write(reader.read_log(record, offset)[0])
+            out.write(plain(reader.read_log(record, offset)[0]))
             out.flush()
             return st
         time.sleep(poll)

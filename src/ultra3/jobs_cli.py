@@ -6,7 +6,7 @@ import sys
 import time
 
 from . import jobs, records
-from .errors import LauncherError
+from .errors import LauncherError, UserError
 
 
 def _age(ts: float) -> str:
@@ -31,7 +31,19 @@ def list_jobs(limit: int) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
-def show_status(ref: str) -> None:
+def _newest_or(ref: str | None) -> str:
+    """No id: the newest job, said on stderr so the output stays the job's."""
+    if ref:
+        return ref
+    newest = records.all_records()[:1]
+    if not newest:
+        raise UserError(f"no jobs yet (registry: {records.registry_dir()}); submit one, e.g. ultra3 pretrain -c tiny")
+    print(f"(the newest job: {newest[0].id})", file=sys.stderr)
+    return newest[0].id
+
+
+def show_status(ref: str | None) -> None:
+    ref = _newest_or(ref)
     if pipe := _pipe(ref):
         return _pipe_status(pipe)
     r = records.find(ref)
@@ -49,12 +61,19 @@ def show_status(ref: str) -> None:
     print(f"log:       {'the Ray Jobs API (nemotron jobs logs)' if r.ray_address else f'{r.job_dir}/{r.log_glob}'}")
 
 
-def show_logs(ref: str, follow: bool) -> None:
-    r = records.find(ref)
+def show_logs(ref: str | None, follow: bool) -> None:
+    r = records.find(_newest_or(ref))
     if follow:
         jobs.follow(r, sys.stdout)
-    else:
-        sys.stdout.write(jobs.log_text(r))
+        return
+    text = jobs.log_text(r)
+    sys.stdout.write(text)
+    if not text:  # pending, or still in its setup lines (which write to the batch output, not the job's log)
+        st = jobs.state(r)
+        where = f"; the batch script's own output is {r.task_dir}/sbatch_*_{r.slurm_id}.out" if r.slurm_id else ""
+        print(f"(the job ended {st.state} before writing a log{where})" if st.done else
+              f"(no log yet: the job is {st.state}{where}; `nemotron jobs logs {r.id} -f` waits for it)",
+              file=sys.stderr)
 
 
 def cancel_job(ref: str) -> None:

@@ -72,7 +72,8 @@ class Slurm(Executor):
             with experiment(job, job_id, self.job_dir(job, job_id), [_slurm_id(a) for a in after]) as (exp, spec):
                 exp.run(detach=True)
         except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
-            raise ClusterError(f"submission failed: {first_error(e)}") from None
+            where = f" to {ssh.get('user') + '@' if ssh.get('user') else ''}{ssh['host']}" if ssh else ""
+            raise ClusterError(f"submission{where} failed ({type(e).__name__}): {first_error(e)}") from None
         handle = exp.jobs[0].handle or ""
         slurm_id = handle.rsplit("/", 1)[-1]
         if not slurm_id.isdigit():
