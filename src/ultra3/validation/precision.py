@@ -86,8 +86,10 @@ def check(cfg: dict, report) -> None:
     if prec is None:
         return
     report.facts["precision"] = (low_precision(prec) or "bf16").lower()
+    before = len(report.errors)
     _hardware(cfg, prec, report)
-    _alignment(cfg, prec, report)
+    if len(report.errors) == before:  # the GEMM widths matter once the GPU can run the precision at all
+        _alignment(cfg, prec, report)
     _knobs(cfg, prec, report)
     if prec.nvfp4:
         _nvfp4(cfg, prec, report)
