@@ -319,7 +319,7 @@ CASES = [
                                               "-d"],
          [r"precision\.bf16_modules: must be a list of str, got '\*\.mixer\.out_proj' \(set in command line\)$"]),
     Case("precision-knob-env-set-by-hand", ["pretrain", "-c", "tiny", "--batch", "blackwell", f"mixed_precision={NVFP4}",
-                                           "run.env.NVTE_NVFP4_DISABLE_RHT=1"],
+                                           "run.env.NVTE_NVFP4_DISABLE_RHT=1", "model.mamba_num_heads=16"],
          [r"run\.env\.NVTE_NVFP4_DISABLE_RHT: NVTE_NVFP4_DISABLE_RHT is exported from "
           r"precision\.random_hadamard_transform \(set in command line\); remove it and set "
           r"precision\.random_hadamard_transform=true/false$"], submits=True),

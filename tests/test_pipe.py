@@ -4,6 +4,7 @@ earlier steps, every step's errors are listed before anything is written, and ov
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -144,3 +145,15 @@ def test_a_step_that_declares_no_output_is_not_replaced_by_an_older_artifact(cli
     assert r.rc == 2
     assert "error: sft: recipe.pretrained_checkpoint: step pretrain declares no output for it (its output key, e.g. " \
            "checkpoint.save, is unset); set that, or set sft.recipe.pretrained_checkpoint" in r.err_lines, r.err
+
+
+def test_the_shipped_post_training_pipe_fits_whole_nvlink_segments_on_gb200(cli_here, home):
+    """Four distinct MOPD teachers (the SWE teacher is left out of the pipe): 224 nodes, 14 segments of 16."""
+    judge, box = "judges.genrm_model=/lustre/genrm", "sandbox.image=/lustre/sandbox.sqsh"
+    r = cli_here("pipe", "-c", "post_training", "--batch", "gb200", "--env-file",
+                 str(Path(__file__).resolve().parents[1] / "env.toml.example"), "--dry-run",
+                 "rlvr1.policy=/lustre/sft", "rlvr2.policy=/lustre/sft",
+                 *(f"{step}.{judge}" for step in ("rlvr1", "rlvr2", "ifbench", "rlhf", "reasoning", "mopd")),
+                 *(f"{step}.{box}" for step in ("rlvr1", "rlvr2", "reasoning", "mopd")))
+    assert r.rc == 0, r.err
+    assert "#SBATCH --nodes=224\n" in r.out

@@ -42,6 +42,9 @@ class ClusterError(LauncherError):
 
 
 class JobFailed(LauncherError):
-    """The job ran and failed; the message carries the reason and the log tail."""
+    """The job ran and failed; the message carries the reason (its first line) and the log tail, as it is."""
 
     whose = "job"
+
+    def lines(self) -> list[str]:
+        return [f"error: {self}"]

@@ -149,7 +149,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=(Output("sft-checkpoint", "checkpoint.save"),),
         cost="ultra3.cost.training",
         examples=(
-            "ultra3 sft -c tiny --dry-run recipe.pretrained_checkpoint=job:ultra3-pretrain_20261121-114301-3fa2a1",
+            "ultra3 sft -c tiny --dry-run",
             "ultra3 sft --batch mycluster",
             "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
         ),

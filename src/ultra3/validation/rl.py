@@ -84,9 +84,10 @@ def nodes(cfg: dict[str, Any], report: Report) -> None:
                      quoting=("layout.segment_nodes",))
     elif total % segment:
         up = -(-total // segment) * segment
+        free = "layout.gym_nodes" if lay.get("colocated") else "layout.generation_nodes"  # not held to segments
         report.error("layout", f"{describe(sizes)} = {total} nodes, not a multiple of the {segment}-node NVLink "
-                               f"segment (layout.segment_nodes); make it {up} (e.g. layout.train_nodes="
-                               f"{(lay.get('train_nodes') or 0) + up - total}) or {total - total % segment}",
+                               f"segment (layout.segment_nodes); make it {up} (e.g. {free}="
+                               f"{(lay.get(free.split('.')[1]) or 0) + up - total}) or {total - total % segment}",
                      quoting=(*layout_keys(cfg), "layout.segment_nodes"))
 
 
