@@ -59,7 +59,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .dataprep import blend, encoders, inputs, progress, shards
+from .dataprep import blend, encoders, inputs, lock, progress, shards
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster, where
 from .dataprep.errors import BadRecordError, DataPrepError
@@ -248,6 +248,9 @@ def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: di
                          "bin_bytes": r["bin"]["bytes"], "bin_sha256": r["bin"]["sha256"],
                          "idx_sha256": r["idx"]["sha256"], "bad": r["bad"]["counts"]})
         totals_bad.merge(bad.counts, bad.examples)
+        tokens = sum(r["tokens"] for r in rows)
+        inputs.check_yield(f"dataset {d.name}", sum(r["records"] for r in rows),
+                           sum(r["docs"] for r in rows) if tokens else 0, bad, settings.max_bad_fraction)
         datasets.append({
             "name": d.name, "path": d.path, "weight": d.weight, "text_field": d.field,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
@@ -311,7 +314,7 @@ def run(config_path: str) -> int:
     files = resolve_files(settings)
     phases.mark("config, tokenizer, encoder check")
     out = settings.out
-    with Cluster(settings.object_store_mb) as cluster:
+    with lock.holding(out, settings.job), Cluster(settings.object_store_mb) as cluster:
         cache = {} if settings.force else read_plan_cache(out)
 
         def inputs_and_plan() -> tuple[dict, dict, float]:

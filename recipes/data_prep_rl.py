@@ -54,7 +54,7 @@ import shutil
 import sys
 import time
 
-from .dataprep import hub, inputs
+from .dataprep import hub, inputs, lock
 from .dataprep.cluster import Cluster, run_ordered, where
 from .dataprep.errors import DataPrepError
 from .dataprep.progress import table
@@ -62,7 +62,7 @@ from .dataprep.rl_blend import FORMAT, SPLITS, BlendTask, finished, prepare_blen
 from .dataprep.rl_settings import PROG, SOURCES, Settings, parse_settings
 from .dataprep.settings import cli, load_config
 from .dataprep.sft_outdir import prepare_output
-from .dataprep.shards import fsync_dir, missing_dirs, write_json
+from .dataprep.shards import fsync_dir, write_json
 
 STAGING = ".staging-rl"  # where a run prepares its blends before they are moved in; a later run resumes it
 JSONL_SUFFIXES = tuple(e for e in inputs.EXTENSIONS if e != ".parquet")
@@ -185,6 +185,10 @@ def build_metadata(settings: Settings, fp: str, tasks: list, prov: dict, receipt
     for t in tasks:
         r = receipts[t.name]
         ph = r["placeholders"]
+        bad = r["bad"] if isinstance(r["bad"], dict) else {}
+        inputs.check_yield(f"blend {t.name}", r["rows_in"], sum(r[s]["rows"] for s in SPLITS),
+                           inputs.BadRecords(counts=dict(bad.get("counts") or {}), examples=dict(bad.get("examples") or {})),
+                           settings.max_bad_fraction)
         blends[t.name] = {
             "source": {"file": prov["source"]["files"][t.name], "revision": prov["source"]["revision"],
                        "format": t.fmt, **t.fingerprint},
@@ -256,7 +260,16 @@ def run(config_path: str) -> int:
           f"{' @ ' + prov['source']['revision'] if prov['source']['revision'] else ''}: {len(todo)} to prepare, "
           f"{len(tasks) - len(todo)} kept from an interrupted run; placeholder sources: {given}; output {out}",
           flush=True)
-    created = missing_dirs(out)
+    with lock.holding(out, settings.job):  # one writer; the directories made for it go again if left empty
+        prepare(settings, todo, receipts, staging)
+        metadata = build_metadata(settings, fp, tasks, prov, receipts)
+        publish(out, staging, settings.blends, metadata)
+    print(summary(metadata, out, time.time() - started), flush=True)
+    return 0
+
+
+def prepare(settings: Settings, todo: list, receipts: dict, staging: str) -> None:
+    """The blends left to do, on Ray, into staging; an input problem leaves no staging behind."""
     os.makedirs(staging, exist_ok=True)
     try:
         if todo:
@@ -268,18 +281,9 @@ def run(config_path: str) -> int:
                 done = run_ordered(ray, remote, [(t,) for t in todo], workers, settings.progress_interval, "blends",
                                    lambda rs: f"{sum(r['rows_in'] for r in rs if r):,} rows")
                 receipts.update({t.name: r for t, r in zip(todo, done)})
-    except DataPrepError:  # an input problem: leave no trace (the directories this run made, if still empty)
+    except DataPrepError:
         shutil.rmtree(staging, ignore_errors=True)
-        for path in created:
-            try:
-                os.rmdir(path)
-            except OSError:
-                break
         raise
-    metadata = build_metadata(settings, fp, tasks, prov, receipts)
-    publish(out, staging, settings.blends, metadata)
-    print(summary(metadata, out, time.time() - started), flush=True)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,7 +60,7 @@ import time
 import uuid
 from dataclasses import asdict
 
-from .dataprep import chat, conversations, inputs
+from .dataprep import chat, conversations, inputs, lock
 from .dataprep import packed_parquet as pp
 from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
@@ -119,7 +119,7 @@ def plan_partitions(settings: Settings, sources: dict, workers: int) -> list:
 
 def fingerprint(settings: Settings, sources: dict, tok: tokenization.TokenizerInfo, template_sha: str) -> str:
     keep = ("datasets", "tokenizer", "chat_template", "output_dir", "force", "strict", "workers", "hf_cache_dir",
-            "progress_interval")
+            "progress_interval", "job", "max_bad_fraction")  # how the run goes, not what it writes
     return hashlib.sha256(json.dumps({
         "format": FORMAT,
         "datasets": [{**asdict(d), "inputs": [{**s["fingerprint"], "records": s["records"]}
@@ -184,7 +184,7 @@ def run(config_path: str) -> int:
     if markup:
         print(f"{PROG}: warning: {markup}", flush=True)
 
-    with Cluster() as cluster:
+    with lock.holding(out, settings.job), Cluster() as cluster:
         ray = cluster.start()
         workers = settings.workers or cluster.cpus
         parts = plan_partitions(settings, sources, workers)
@@ -276,6 +276,8 @@ def run(config_path: str) -> int:
     for d in settings.datasets:
         mine = corpus.dataset == index[d.name]
         pd = per_dataset[d.name]
+        inputs.check_yield(f"dataset {d.name}", pd["records"], pd["conversations"], pd["bad"],
+                           settings.max_bad_fraction)
         datasets.append({
             "name": d.name, "path": d.path, "messages_field": d.field, "weight": d.weight,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),

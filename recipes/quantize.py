@@ -195,10 +195,11 @@ def run(config_path: str) -> int:
     log(f"recipe {recipe}, checkpoint {cfg['bf16_checkpoint']}, backend {cfg.get('backend') or 'hf'}\n"
         + precision.format_table(planned))
     staging = f"{out.rstrip('/')}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
+    rank = int(os.environ.get("RANK", "0"))  # only rank 0 clears staging: the others write into it with rank 0
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
     try:
         if cfg.get("backend") == "megatron":
-            rank = int(os.environ.get("RANK", "0"))
             exported = megatron.run(cfg, recipe, staging)
             if rank:
                 return 0
@@ -219,7 +220,8 @@ def run(config_path: str) -> int:
             shutil.rmtree(out)
         os.replace(exported, out)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
     log(f"wrote {out} (bits per element {planned['bits_per_element']:.3f}) in {time.time() - started:.1f} s")
     return 0
 

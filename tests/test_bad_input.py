@@ -267,6 +267,9 @@ CASES = [
           r"from profile 'ci'"], submits=True),
     Case("executor-unknown-gpu", ["pretrain", "-c", "tiny", "cluster.gpu=a100", "-d"],
          [r"cluster\.gpu: unknown GPU type 'a100'; use one of h100, h200, b200, gb200, gb300$"]),
+    Case("data-prep-relative-output-dir", ["data", "prep", "pretrain", "-c", "tiny", "output_dir=out"],
+         [r"output_dir: 'out' is relative, but the job runs in its own code dir; give an absolute path, e\.g\. "
+          r"output_dir=/.*/out$"]),
     # -- values Megatron or Slurm would refuse ---------------------------------------------------------
     Case("value-nan-lr", ["pretrain", "-c", "tiny", "optimizer.lr=.nan", "-d"],
          [r"optimizer\.lr: must be a finite number, got nan \(set in command line\)$"]),

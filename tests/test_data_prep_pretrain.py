@@ -470,7 +470,13 @@ def test_bad_records_are_counted_with_file_and_line(ray_cluster, tmp_path):
     corpus.write_bytes(b"\n".join(BAD_LINES) + b"\n")
     cfg = {"datasets": [{"name": "bad", "path": str(corpus)}], "tokenizer": str(TINY),
            "output_dir": str(tmp_path / "out"), "num_shards": 2, "object_store_mb": 100}
-    r = prep(cfg, tmp_path, env=ray_cluster)
+    refused = prep(cfg, tmp_path, env=ray_cluster)  # 8 of 11 bad: past the default share (1%)
+    lines = [line for line in refused.err.splitlines() if line.strip()]
+    assert refused.rc == 2 and len(lines) == 1, refused.err
+    assert lines[0].startswith("ultra3 data prep pretrain: error: dataset bad: 8 of 11 records are bad and 3 usable "
+                               f"(max_bad_fraction 0.01); first: {corpus}:2: ") and "(invalid_json)" in lines[0], lines
+    assert not (tmp_path / "out" / "blend.json").exists()  # nothing published
+    r = prep({**cfg, "max_bad_fraction": 0.75}, tmp_path, env=ray_cluster)  # accepted: counted (shards reused)
     assert r.rc == 0, r.err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     ds = manifest["datasets"][0]
@@ -488,6 +494,19 @@ def test_bad_records_are_counted_with_file_and_line(ray_cluster, tmp_path):
     got = [seq for s in ds["shards"] for seq in megatron_sequences(tmp_path / "out" / s["prefix"])[1]]
     assert got == expected_tokens(TINY / "tokenizer.json",
                                   ["A good first document.", "Another good one.", "The last good document."], 0)
+
+
+@pytest.mark.parametrize("content", [b"not json\n{oops\n", b'{"other": "x"}\n{"other": "y"}\n',
+                                     b'{"text": 3}\n', b"\xff\xfe\n\xc3\x28\n", b"\x1f\x8b not gzip at all"])
+def test_a_dataset_with_nothing_usable_fails_with_one_line(ray_cluster, tmp_path, content):
+    corpus = tmp_path / ("bad.jsonl.gz" if content.startswith(b"\x1f\x8b") else "bad.jsonl")
+    corpus.write_bytes(content)
+    cfg = {"datasets": [{"name": "bad", "path": str(corpus)}], "tokenizer": str(TINY),
+           "output_dir": str(tmp_path / "out"), "num_shards": 1, "object_store_mb": 100, "max_bad_fraction": 1.0}
+    r = prep(cfg, tmp_path, env=ray_cluster)
+    lines = [line for line in r.err.splitlines() if line.strip()]
+    assert r.rc == 2 and len(lines) == 1 and lines[0].startswith("ultra3 data prep pretrain: error: "), r.err
+    assert "Traceback" not in r.err and not (tmp_path / "out" / "blend.json").exists()
 
 
 def test_strict_stops_at_the_first_bad_record_with_one_line(ray_cluster, tmp_path):
@@ -832,3 +851,25 @@ def test_hub_file_selection():
                                                                                                 "b/y.parquet"]
     assert hub.parse_hf_path("hf://nvidia/Nemotron-CC-v2") == ("nvidia/Nemotron-CC-v2", None)
     assert hub.parse_hf_path("hf://datasets/o/n/data/*.parquet") == ("o/n", "data/*.parquet")
+
+
+def test_one_writer_per_output_dir(ray_cluster, tmp_path):
+    """A second run into an output dir another live run holds refuses, naming it; a dead run's lock is taken."""
+    import socket
+
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".ultra3-lock"
+    lock.write_text(json.dumps({"job": "ultra3-data-prep-pretrain_other", "host": socket.gethostname(),
+                                "pid": os.getpid(), "since": "2026-01-01 00:00:00"}))  # this test: alive
+    r = prep(tiny_config(out), tmp_path, env=ray_cluster)
+    lines = [line for line in r.err.splitlines() if line.strip()]
+    assert r.rc == 2 and len(lines) == 1 and lines[0].startswith(
+        f"ultra3 data prep pretrain: error: {out} is being written by ultra3-data-prep-pretrain_other (pid "
+        f"{os.getpid()} on {socket.gethostname()}, since 2026-01-01 00:00:00); wait for it or cancel it"), r.err
+    assert sorted(p.name for p in out.iterdir()) == [".ultra3-lock"]  # nothing written
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(json.dumps({"job": "killed", "host": socket.gethostname(), "pid": int(dead.stdout)}))
+    again = prep(tiny_config(out), tmp_path, env=ray_cluster)
+    assert again.rc == 0, again.err
+    assert not lock.exists() and (out / "blend.json").exists()

@@ -347,6 +347,7 @@ def runs(tmp_path_factory) -> dict:
         2: base_config(d / "w2", workers=2),
         "strict": base_config(d / "strict", source=str(src), blends=["rlvr1", "messy"], val_rows=1, strict=True),
         "lenient": base_config(d / "lenient", source=str(src), blends=["rlvr1", "messy"], val_rows=1,
+                               max_bad_fraction=0.6,  # the messy blend: 5 bad of 10, counted
                                placeholders={"dapo": {"path": None}, "skywork": {"path": str(SOURCES["skywork"])}}),
         "sample": base_config(d / "sample", sample=20),
     }
@@ -478,7 +479,8 @@ def test_kill_9_mid_run_then_resume_gives_the_same_bytes(tmp_path):
         time.sleep(0.01)
     kill_session(proc.pid)
     proc.communicate()
-    assert sorted(os.listdir(tmp_path / "out")) == [".staging-rl"]  # nothing under a final name
+    # nothing under a final name; the killed run's lock stays, and the next run takes it over (its pid is gone)
+    assert sorted(os.listdir(tmp_path / "out")) == [".staging-rl", ".ultra3-lock"]
     kept = {f: os.stat(staging / "a" / f) for f in ("train.jsonl", "val.jsonl")}
 
     p = run_script(cfg, tmp_path / "k.yaml")

@@ -57,3 +57,14 @@ def test_a_second_local_run_into_the_same_output_reuses_everything_byte_for_byte
     else:
         assert "is up to date (same inputs and settings)" in second.out, second.out[-2000:]
     assert _tree(out) == before
+
+
+def test_a_relative_nemotron_home_is_where_the_launcher_started(cli, home, tmp_path, monkeypatch):
+    """NEMOTRON_HOME=state (relative): the job dirs and the store go under the submitting directory, and the job
+    completes and is reported COMPLETED (not lost under its own code dir)."""
+    monkeypatch.delenv("NEMORUN_HOME", raising=False)
+    r = cli("data", "prep", "pretrain", "-c", "tiny", f"output_dir={tmp_path}/data", env={"NEMOTRON_HOME": "state"})
+    assert r.rc == 0 and "COMPLETED" in r.out, r.err + r.out[-2000:]
+    assert (Path.cwd() / "state" / "jobs").is_dir() and (Path.cwd() / "state" / "nemorun" / "artifacts").is_dir()
+    listed = cli("jobs", "list", prog="nemotron", env={"NEMOTRON_HOME": str(Path.cwd() / "state")})
+    assert " COMPLETED " in listed.out, listed.out

@@ -214,3 +214,20 @@ def test_the_training_runtime_refuses_bad_input_in_one_line(tmp_path, stage, con
     p = subprocess.run([sys.executable, "-m", f"recipes.{stage}", "--config", str(path)], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and message in p.stderr, p.stderr
+
+
+def test_ranks_waiting_for_rank_0s_export_stop_when_it_fails_or_the_wait_ends(tmp_path, monkeypatch):
+    """Rank 0 exports a Megatron checkpoint to HF once; the other ranks never wait forever."""
+    from recipes.quantization import megatron_export
+    from recipes.quantization.errors import QuantizeError
+
+    dest, failed = str(tmp_path / "hf"), str(tmp_path / "hf.failed")
+    (tmp_path / "hf.failed").write_text("RuntimeError: CUDA out of memory")
+    with pytest.raises(QuantizeError, match=r"rank 0's Hugging Face export failed \(RuntimeError: CUDA out of memory\)"):
+        megatron_export.wait_for_export(dest, failed, "bf16_checkpoint", poll=0.01)
+    os.unlink(failed)
+    monkeypatch.setattr(megatron_export, "EXPORT_WAIT_S", 0.05)
+    with pytest.raises(QuantizeError, match=r"did not appear within 0 s; see rank 0's log"):
+        megatron_export.wait_for_export(dest, failed, "bf16_checkpoint", poll=0.01)
+    os.mkdir(dest)
+    assert megatron_export.wait_for_export(dest, failed, "bf16_checkpoint", poll=0.01) == dest

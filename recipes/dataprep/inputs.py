@@ -163,10 +163,23 @@ class BadRecords:
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def first(self) -> str:
+        return next((f"{places[0]} ({kind})" for kind, places in self.examples.items() if places), "")
+
     def to_json(self) -> dict:
         order = {k: i for i, k in enumerate(BAD_KINDS)}
         kinds = sorted(self.counts, key=lambda k: (order.get(k, len(order)), k))
         return {"counts": {k: self.counts[k] for k in kinds}, "examples": {k: self.examples[k] for k in kinds}}
+
+
+def check_yield(what: str, records: int, good: int, bad: BadRecords, max_bad: float) -> None:
+    """A dataset that gives nothing to train on, or with more bad records than `max_bad` of them, fails the run
+    (nothing is published): the count and the first bad record say why."""
+    if good and bad.total <= max_bad * records:
+        return
+    first = f"; first: {bad.first()}" if bad.total else ""
+    raise DataPrepError(f"{what}: {bad.total:,} of {records:,} records are bad and {good:,} usable (max_bad_fraction "
+                        f"{max_bad:g}){first}; fix the input, or raise max_bad_fraction to accept them")
 
 
 def _json_text(line: bytes, text_field: str, where: str, bad: BadRecords) -> str | None:

@@ -58,6 +58,13 @@ def int_value(cfg: dict, key: str, default, low: int, allow_none: bool = False):
     return value
 
 
+def _share(cfg: dict, key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise DataPrepError(f"{key} must be a number from 0 to 1, not {value!r}")
+    return float(value)
+
+
 def bool_value(cfg: dict, key: str, default: bool = False) -> bool:
     value = cfg.get(key, default)
     if value is None:
@@ -99,6 +106,8 @@ class Run:
     sample: int | None
     force: bool
     strict: bool
+    max_bad_fraction: float
+    job: str | None  # the job's id (job.id of its config): who holds the output dir's lock
     workers: int | None
     hf_cache_dir: str | None
     progress_interval: float
@@ -137,6 +146,8 @@ def run_values(cfg: dict) -> dict:
         "sample": int_value(cfg, "sample", None, 1, allow_none=True),
         "force": bool_value(cfg, "force"),
         "strict": bool_value(cfg, "strict"),
+        "max_bad_fraction": _share(cfg, "max_bad_fraction", 0.01),
+        "job": (cfg.get("job") or {}).get("id") if isinstance(cfg.get("job"), dict) else None,
         "workers": int_value(cfg, "workers", None, 1, allow_none=True),
         "hf_cache_dir": str_value(cfg, "hf_cache_dir"),
         "progress_interval": float(interval),

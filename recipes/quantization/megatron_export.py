@@ -114,22 +114,46 @@ def export_once(ckpt: str, dest: str, key: str, log, container: str = "the train
     if os.path.isdir(dest):
         log(f"{ckpt} is a Megatron checkpoint: using its Hugging Face export {dest}")
         return dest
+    failed = f"{dest}.failed"  # rank 0's reason, for the ranks waiting on it
     if int(os.environ.get("RANK", "0")):
-        while not os.path.isdir(dest):
-            time.sleep(10)
-        return dest
-    train, code_dir = training_config(ckpt, key)
+        return wait_for_export(dest, failed, key)
+    if os.path.exists(failed):
+        os.unlink(failed)
     try:
-        import megatron.bridge  # noqa: F401
-    except ImportError:
-        raise QuantizeError(f"{key}: {ckpt} is a Megatron checkpoint, and exporting it needs "
-                            f"Megatron-Bridge: run in {container}") from None
-    partial = f"{dest}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    reference = reference_model(train, code_dir, f"{dest}.reference", key)
-    log(f"{ckpt} is a Megatron checkpoint: exporting it to Hugging Face with Megatron-Bridge against {reference}")
-    started = time.time()
-    export(ckpt, reference, partial)
-    os.replace(partial, dest)
+        train, code_dir = training_config(ckpt, key)
+        try:
+            import megatron.bridge  # noqa: F401
+        except ImportError:
+            raise QuantizeError(f"{key}: {ckpt} is a Megatron checkpoint, and exporting it needs "
+                                f"Megatron-Bridge: run in {container}") from None
+        partial = f"{dest}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        reference = reference_model(train, code_dir, f"{dest}.reference", key)
+        log(f"{ckpt} is a Megatron checkpoint: exporting it to Hugging Face with Megatron-Bridge against {reference}")
+        started = time.time()
+        export(ckpt, reference, partial)
+        os.replace(partial, dest)
+    except BaseException as e:
+        with open(failed, "w", encoding="utf-8") as f:
+            f.write(f"{type(e).__name__}: {e}")
+        raise
     log(f"exported {dest} in {time.time() - started:.0f} s")
+    return dest
+
+
+EXPORT_WAIT_S = float(os.environ.get("ULTRA3_EXPORT_WAIT_S", 6 * 3600))  # rank 0's export, at the longest
+
+
+def wait_for_export(dest: str, failed: str, key: str, poll: float = 10.0) -> str:
+    """The other ranks wait for rank 0's export: until it is there, rank 0 says it failed, or the wait ends."""
+    deadline = time.time() + EXPORT_WAIT_S
+    while not os.path.isdir(dest):
+        if os.path.exists(failed):
+            with open(failed, encoding="utf-8") as f:
+                raise QuantizeError(f"{key}: rank 0's Hugging Face export failed ({f.read().strip()}); see rank 0's "
+                                    "log")
+        if time.time() > deadline:
+            raise QuantizeError(f"{key}: rank 0's Hugging Face export {dest} did not appear within "
+                                f"{EXPORT_WAIT_S:.0f} s; see rank 0's log (ULTRA3_EXPORT_WAIT_S sets the wait)")
+        time.sleep(min(poll, max(0.0, deadline - time.time())))
     return dest

@@ -25,8 +25,12 @@ def validate_data_prep(cfg: dict, report: Report) -> None:
         _check_rl(cfg, report)
     else:
         _check_datasets(cfg, report)
-    if not get(cfg, "output_dir"):
+    out = get(cfg, "output_dir")
+    if not out:
         report.error("output_dir", "no output_dir; set where the shards go (shared storage for a cluster)")
+    elif isinstance(out, str) and not out.startswith(("/", "~", "@")):  # @: the job's own dirs, placed later
+        report.error("output_dir", f"'{out}' is relative, but the job runs in its own code dir; give an absolute "
+                                   f"path, e.g. output_dir={os.path.join(os.getcwd(), out)}")
     for key in ("num_shards", "sample", "workers", "pack_size", "valid_shards", "test_shards", "val_rows"):
         value = get(cfg, key)
         if value is not None and value < (0 if key.endswith("_shards") else 1):
