@@ -475,6 +475,18 @@ def test_cancel_a_running_local_job_from_another_shell(cli, home):
     assert again.out.strip() == f"{job_id} already ended: CANCELLED", again.out + again.err
 
 
+def test_a_local_job_that_holds_back_sigterm_is_still_cancelled(cli, home):
+    """As a Ray start can: the job ignores SIGTERM; cancel kills it after its grace period and records it."""
+    sub = cli("pretrain", "-c", "tiny", "--batch", "workstation", "run.setup=[\"trap '' TERM\", \"sleep 120\"]")
+    job_id = re.search(r"^submitted (\S+) ", sub.out, re.M).group(1)
+    wait_for(lambda: list_rows(cli).get(job_id, {}).get("STATE") == "RUNNING", timeout=30)
+    start = time.time()
+    r = jobs(cli, "cancel", job_id)
+    assert r.rc == 0 and time.time() - start < 30, r.out + r.err
+    st = status(cli, job_id)
+    assert st["state"] == "CANCELLED" and st["reason"] == "cancelled (scancel or `nemotron jobs cancel`)", st["text"]
+
+
 def test_a_job_ended_by_a_signal_says_so(slurm, cli, home):
     add_profile("killed", setup=["kill -9 $$"])
     sub = submit(cli, "--batch", "killed")

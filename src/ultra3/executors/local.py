@@ -6,6 +6,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 LOG = "log-local.out"
 SCRIPT = "job.sh"
 CANCEL_CODES = (-15, 143, 130)  # SIGTERM as Python and bash report it, and Ctrl-C
+CANCEL_GRACE_S = 5.0  # how long a cancelled job has to stop on SIGTERM
 
 
 class Local(Executor):
@@ -70,8 +72,22 @@ class Local(Executor):
         return read_from(local_files([Path(record.job_dir, record.log_glob)]), offset)
 
     def cancel(self, record: JobRecord) -> None:
-        if record.pid and _alive(record.pid):
-            os.killpg(record.pid, signal.SIGTERM)
+        """SIGTERM to the job's process group; what still runs after CANCEL_GRACE_S (a Ray start that holds the
+        signal back) is killed, and the cancellation recorded as its exit code."""
+        if not (record.pid and _alive(record.pid)):
+            return
+        os.killpg(record.pid, signal.SIGTERM)
+        deadline = time.time() + CANCEL_GRACE_S
+        while _alive(record.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        if _alive(record.pid):
+            try:
+                os.killpg(record.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            exit_file = Path(record.task_dir) / "exit_code"
+            if not exit_file.is_file():
+                exit_file.write_text("143\n")
 
 
 def job_script(job: Job, task_dir: Path) -> str:
