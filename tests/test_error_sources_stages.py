@@ -10,17 +10,8 @@ import pytest
 from ultra3.findings import Report
 from ultra3.validation.data_prep import validate_data_prep
 
-GB200 = """
-[gb200]
-executor = "slurm"
-account = "ultra3"
-partition = "batch"
-gpu = "gb200"
-gpus_per_node = 4
-time = "04:00:00"
-container_image = "/lustre/images/nemo-rl.sqsh"
-mounts = ["/lustre:/lustre"]
-"""
+from test_rl import GB200  # the RL tests' GB200 cluster profile
+
 INPUTS = ("policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl", "judges.genrm_model=/lustre/models/genrm",
           "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh")
 RLVR = ("rl", "rlvr", "-c", "rlvr1", "--batch", "gb200", "--dry-run", *INPUTS)
