@@ -270,6 +270,18 @@ CASES = [
     Case("data-prep-relative-output-dir", ["data", "prep", "pretrain", "-c", "tiny", "output_dir=out"],
          [r"output_dir: 'out' is relative, but the job runs in its own code dir; give an absolute path, e\.g\. "
           r"output_dir=/.*/out$"]),
+    Case("data-prep-no-train-shards", ["data", "prep", "pretrain", "-c", "tiny", "valid_shards=3", "-d"],
+         [r"valid_shards: valid_shards \+ test_shards = 4 of num_shards 4 leave no shard to train on; "]),
+    Case("data-prep-empty-text-field", ["data", "prep", "pretrain", "-c", "tiny", "text_field=", "-d"],
+         [r"text_field: must be a column name \(not empty\), got '' \(set in command line\)$"]),
+    Case("data-prep-unknown-encoder", ["data", "prep", "pretrain", "-c", "tiny", "encoder=fast", "-d"],
+         [r"encoder: must be auto, gigatoken or tokenizers, got 'fast' \(set in command line\)$"]),
+    Case("data-prep-unknown-template", ["data", "prep", "sft", "-c", "tiny", "chat_template=llama", "-d"],
+         [r"chat_template: 'llama' is no shipped template \(nemotron3\); name one or give a \.jinja path$"]),
+    Case("data-prep-zero-row-group", ["data", "prep", "sft", "-c", "tiny", "row_group_size=0", "-d"],
+         [r"row_group_size: must be an integer >= 1, got 0 \(set in command line\)$"]),
+    Case("data-prep-zero-pad", ["data", "prep", "sft", "-c", "tiny", "pad_seq_to_mult=0", "-d"],
+         [r"pad_seq_to_mult: must be an integer >= 1, got 0 \(set in command line\)$"]),
     # -- values Megatron or Slurm would refuse ---------------------------------------------------------
     Case("value-nan-lr", ["pretrain", "-c", "tiny", "optimizer.lr=.nan", "-d"],
          [r"optimizer\.lr: must be a finite number, got nan \(set in command line\)$"]),
@@ -397,3 +409,12 @@ def test_a_local_data_prep_checks_its_input_files_before_writing_anything(cli_he
     assert r.rc == 2 and r.err_lines == [f"error: datasets[0].path: {corpus} {problem} on this machine; fix the path"], \
         r.err
     assert not (home / "state").exists() or not any((home / "state").rglob("config.yaml"))
+
+
+@pytest.mark.parametrize("name,args,kind", [("env.toml", ("-c", "tiny", "--batch", "a", "--env-file"), "TOML"),
+                                            ("config.yaml", ("-c",), "YAML")])
+def test_a_file_that_is_not_utf8_is_one_line(cli_here, home, tmp_path, name, args, kind):
+    path = tmp_path / name
+    path.write_bytes("[a]\nexecutor = 'slurm'\n".encode("utf-16"))
+    r = cli_here("pretrain", *args, str(path), "--dry-run")
+    assert r.rc == 2 and r.err_lines == [f"error: {path}: not UTF-8 text (byte 0); save it as UTF-8 {kind}"], r.err

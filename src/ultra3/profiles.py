@@ -69,7 +69,11 @@ def read_env_file(path: Path) -> dict[str, Any]:
     else:  # pragma: no cover
         import tomli as tomllib
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8 TOML") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: invalid TOML: {e}") from None
     for name, table in data.items():

@@ -161,27 +161,27 @@ _DATA_PREP: Schema = {
 
 DATA_PREP_PRETRAIN: Schema = {
     **_DATA_PREP,
-    "datasets": [{**_DATASET, "text_field": str}],
-    "text_field": str,  # the default of the datasets' text_field
-    "cpus_per_task": int,  # tokenizer threads per shard task
-    "encoder": str,  # what computes the token ids (same bytes either way): auto | gigatoken | tokenizers
-    "verify": str,  # how finished shards are checked before reuse: size | checksum
-    "valid_shards": int,
-    "test_shards": int,
+    "datasets": [{**_DATASET, "text_field": Text(r".+", "a column name (not empty)")}],
+    "text_field": Text(r".+", "a column name (not empty)"),  # the default of the datasets' text_field
+    "cpus_per_task": Count(1),  # tokenizer threads per shard task
+    "encoder": Text(r"auto|gigatoken|tokenizers", "auto, gigatoken or tokenizers"),  # what computes the token ids
+    "verify": Text(r"size|checksum", "size or checksum"),  # how finished shards are checked before reuse
+    "valid_shards": Count(0),
+    "test_shards": Count(0),
     "eod_token": str,
 }
 
 DATA_PREP_SFT: Schema = {
     **_DATA_PREP,
-    "datasets": [{**_DATASET, "messages_field": str}],
+    "datasets": [{**_DATASET, "messages_field": Text(r".+", "a column name (not empty)")}],
     "chat_template": str,  # a shipped template name (nemotron3) or a .jinja path
-    "pack_size": int,
-    "pad_seq_to_mult": int,
+    "pack_size": Count(1),
+    "pad_seq_to_mult": Count(1),
     "truncate": bool,
     "valid_ratio": float,
     "test_ratio": float,
     "seed": int,  # shuffles the order of the packs, nothing else
-    "row_group_size": int,  # packs per Parquet row group (default: about 64 MiB)
+    "row_group_size": Count(1),  # packs per Parquet row group (default: about 64 MiB)
 }
 
 # The RL blends: no tokenizer and no shards (one file per blend, a Ray task each).
@@ -191,7 +191,7 @@ DATA_PREP_RL: Schema = {
     "source": str,  # hf://nvidia/Nemotron-RL-Ultra-Training-Blends or a local directory of <blend>.jsonl
     "revision": str,
     "blends": list[str],
-    "val_rows": int,  # the last rows of each blend held out as validation
+    "val_rows": Count(1),  # the last rows of each blend held out as validation
     "placeholders": {"dapo": _PLACEHOLDER_SOURCE, "skywork": _PLACEHOLDER_SOURCE},  # unset: their rows dropped
 }
 

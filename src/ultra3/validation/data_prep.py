@@ -35,6 +35,12 @@ def validate_data_prep(cfg: dict, report: Report) -> None:
         value = get(cfg, key)
         if value is not None and value < (0 if key.endswith("_shards") else 1):
             report.error(key, f"{value} is out of range; use a positive number")
+    shards, held = get(cfg, "num_shards"), (get(cfg, "valid_shards") or 0) + (get(cfg, "test_shards") or 0)
+    if isinstance(shards, int) and shards >= 3 and held >= shards:  # fewer than 3 shards: all train
+        report.error("valid_shards", f"valid_shards + test_shards = {held} of num_shards {shards} leave no shard to "
+                                     f"train on; hold out fewer (e.g. 1 and 1) or raise num_shards",
+                     quoting=("test_shards", "num_shards"))
+    _check_template(cfg, report)
     share = get(cfg, "max_bad_fraction")
     if share is not None and not 0 <= share <= 1:
         report.error("max_bad_fraction", f"{share} is a share of a dataset's records: use a number from 0 to 1")
@@ -62,6 +68,21 @@ def _check_datasets(cfg: dict, report: Report) -> None:
         report.error("tokenizer", "no tokenizer; set a Hugging Face name or a local tokenizer.json or directory")
     elif (tokenizer.endswith(".json") or tokenizer.startswith(("/", "~", "."))) and not _exists(tokenizer):
         _missing(cfg, "tokenizer", f"{tokenizer} does not exist", report)
+
+
+def _check_template(cfg: dict, report: Report) -> None:
+    """chat_template: a shipped template's name, or a .jinja file."""
+    template = get(cfg, "chat_template")
+    if not isinstance(template, str):
+        return
+    shipped = RECIPES_DIR / "dataprep" / "templates"
+    if "/" not in template and not template.endswith(".jinja"):
+        if not (shipped / f"{template}.jinja").is_file():
+            names = ", ".join(sorted(p.stem for p in shipped.glob("*.jinja")))
+            report.error("chat_template", f"'{template}' is no shipped template ({names}); name one or give a .jinja "
+                                          "path")
+    elif not _exists(template):
+        _missing(cfg, "chat_template", f"{template} does not exist", report)
 
 
 def _check_rl(cfg: dict, report: Report) -> None:
