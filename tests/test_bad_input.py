@@ -418,3 +418,21 @@ def test_a_file_that_is_not_utf8_is_one_line(cli_here, home, tmp_path, name, arg
     path.write_bytes("[a]\nexecutor = 'slurm'\n".encode("utf-16"))
     r = cli_here("pretrain", *args, str(path), "--dry-run")
     assert r.rc == 2 and r.err_lines == [f"error: {path}: not UTF-8 text (byte 0); save it as UTF-8 {kind}"], r.err
+
+
+@pytest.mark.parametrize("make,problem", [
+    (lambda d: d.mkdir(), "has no readable metadata.json, so it is no output of `ultra3 data prep sft`"),
+    (lambda d: d.write_text("x"), "is not a directory"),
+    (lambda d: (d.mkdir(), (d / "metadata.json").write_text('{"format": "ultra3-binidx/1"}')),
+     "is no output of `ultra3 data prep sft` (its metadata.json is of 'ultra3-binidx/1')"),
+    (lambda d: (d.mkdir(), (d / "metadata.json").write_text('{"format": "ultra3-sft-packed-parquet/1", '
+                                                              '"pack_size": 1024}')),
+     "is packed at 1024 tokens but this run trains on 512 (dataset.pack_size); pack it again at 512 or set "
+     "dataset.pack_size=1024"),
+])
+def test_the_dry_run_checks_a_packed_sft_dir_as_training_would(cli_here, home, tmp_path, make, problem):
+    packed = tmp_path / "packed"
+    make(packed)
+    r = cli_here("sft", "-c", "tiny", "--dry-run", "dataset.mock=false", f"dataset.packed_dir={packed}")
+    assert r.rc == 2 and r.err_lines == [f"error: dataset.packed_dir: {packed} {problem} (set in command line); run "
+                                         "`ultra3 data prep sft` or fix the path"], r.err

@@ -282,12 +282,34 @@ def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | Non
             problem = f"{src.path} does not exist"
         elif "pretrain-data" in inp.kinds and os.path.isfile(path):
             problem = _blend_problem(path)
+        elif inp.kinds == ("sft-data",) and inp.key == "dataset.packed_dir":
+            problem = _packed_problem(path, config)
         if problem:
             fix = f"run `{hint(inp, None)}` or fix the path"
             if local:
                 report.error(inp.key, f"{problem} ({src.how}); {fix}")
             else:
                 report.warn(inp.key, f"{problem} on this machine ({src.how}); fine if the cluster mounts it")
+
+
+def _packed_problem(path: str, config: dict[str, Any]) -> str | None:
+    """What training would find wrong with a packed SFT dir: not one, another data prep's, another pack size."""
+    meta = os.path.join(path, "metadata.json")
+    if not os.path.isdir(path):
+        return f"{path} is not a directory"
+    try:
+        with open(meta, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return f"{path} has no readable metadata.json, so it is no output of `ultra3 data prep sft`"
+    if not isinstance(found, dict) or not str(found.get("format", "")).startswith("ultra3-sft-packed-parquet/"):
+        return f"{path} is no output of `ultra3 data prep sft` (its metadata.json is of {found.get('format')!r})" \
+            if isinstance(found, dict) else f"{path}/metadata.json is not a JSON object"
+    want = get(config, "dataset.pack_size") or get(config, "model.seq_length")
+    if want and found.get("pack_size") != want:
+        return (f"{path} is packed at {found.get('pack_size')} tokens but this run trains on {want} "
+                f"(dataset.pack_size); pack it again at {want} or set dataset.pack_size={found.get('pack_size')}")
+    return None
 
 
 def _blend_problem(path: str) -> str | None:
