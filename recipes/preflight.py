@@ -51,7 +51,10 @@ def quantize_packages(cfg: dict) -> str | None:
         return training_packages(cfg)
     missing = [f"{m} ({err})" for m in ("modelopt", "transformers", "safetensors", "requests") if (err := _importable(m))]
     if missing:
-        return f"not importable: {', '.join(missing)}; install the launcher's `quantize` extra in the job's Python"
+        py = sys.executable
+        return (f"not importable: {', '.join(missing)}; install them in the job's Python: `{py} -m pip install "
+                f"torch==2.13.0` (first: a CPU-only machine needs no CUDA packages), then `{py} -m pip install "
+                "'.[quantize]'` in the launcher's checkout")
     return None
 
 
