@@ -123,7 +123,8 @@ def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli,
 
     done = compile_job(find_stage("data prep sft"), Options(config="tiny"))
     packed = tmp_path / "packed"
-    packed.mkdir()
+    packed.mkdir()  # what `data prep sft -c tiny` leaves: its metadata at the tiny pack size
+    (packed / "metadata.json").write_text('{"format": "ultra3-sft-packed-parquet/1", "pack_size": 512}')
     publish(artifact_store(done).root, {"format": 1, "name": artifact_name("sft-data", "tiny"), "type": "sft-data",
                                         "path": str(packed), "producer": "ultra3-data-prep-sft_20260101-000000-aaaaaa",
                                         "profile": None, "config_digest": done.digest, "config": "tiny",

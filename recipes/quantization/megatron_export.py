@@ -134,8 +134,11 @@ def export_once(ckpt: str, dest: str, key: str, log, container: str = "the train
         export(ckpt, reference, partial)
         os.replace(partial, dest)
     except BaseException as e:
-        with open(failed, "w", encoding="utf-8") as f:
-            f.write(f"{type(e).__name__}: {e}")
+        try:  # best effort: the error itself is what this rank reports
+            with open(failed, "w", encoding="utf-8") as f:
+                f.write(f"{type(e).__name__}: {e}")
+        except OSError:
+            pass
         raise
     log(f"exported {dest} in {time.time() - started:.0f} s")
     return dest
