@@ -66,6 +66,25 @@ def check_output(cfg: dict) -> str:
     return out
 
 
+def precheck(cfg: dict) -> str:
+    """What needs no ModelOpt, torch or transformers, checked first: a bad path costs no heavy import. Returns
+    output_dir."""
+    out = check_output(cfg)
+    ckpt = cfg.get("bf16_checkpoint")
+    if ckpt and not cfg.get("make_checkpoint") and ckpt.startswith(("/", ".", "~")) and \
+            not os.path.isfile(os.path.join(os.path.expanduser(ckpt), "config.json")) and \
+            not megatron_export.is_megatron(ckpt):
+        raise QuantizeError(f"bf16_checkpoint: {ckpt} is neither a Hugging Face checkpoint (config.json) nor a "
+                            f"Megatron-Bridge checkpoint ({' or '.join(megatron_export.TRACKERS)}); fix the path")
+    calib = (cfg.get("calibration") or {}).get("path")
+    if calib and not str(calib).startswith("hf://"):
+        from .dataprep import inputs
+
+        if not inputs.expand(str(calib)):
+            raise QuantizeError(f"calibration.path: {calib} matches no file; give a JSONL file, directory or glob")
+    return out
+
+
 def load_recipe(name: str) -> dict:
     from modelopt.recipe import load_recipe as load
 
@@ -183,7 +202,7 @@ def quantize_hf(cfg: dict, config, tokenizer, quant_cfg: dict, staging: str) -> 
 def run(config_path: str) -> int:
     started = time.time()
     cfg = load_config(config_path)
-    out = check_output(cfg)
+    out = precheck(cfg)
     recipe = cfg.get("modelopt_recipe") or ""
     quant_cfg = load_recipe(recipe)
     given = cfg.get("bf16_checkpoint")
