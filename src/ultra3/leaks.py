@@ -8,6 +8,7 @@ import os
 import re
 from typing import Any, Iterator
 
+from .config import flatten
 from .findings import Report
 from .profiles import SECRET_FIX, SECRET_NAME
 
@@ -41,7 +42,7 @@ def check_resolved(config: dict[str, Any], report: Report) -> None:
     secrets = {name: value for name, value in os.environ.items() if SECRET_NAME.search(name) and len(value) >= MIN_SECRET}
     if not secrets:
         return
-    for key, value in _leaves(config):
+    for key, value in flatten(config).items():
         for name, secret in secrets.items():
             if any(secret in text for text in _strings(value)):
                 report.error(key, f"holds the value of the secret {name}, which would be written to the job dir; "
@@ -59,10 +60,3 @@ def _strings(value: Any) -> Iterator[str]:
         for item in value.values():
             yield from _strings(item)
 
-
-def _leaves(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
