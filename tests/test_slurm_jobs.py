@@ -270,11 +270,16 @@ def test_cancel_a_running_job(slurm, cli, home):
 
 def test_logs_follow_prints_lines_as_they_come_and_returns_when_the_job_ends(slurm, cli, home, tmp_path):
     # The job's Python prints a line a second before the preflight runs: a sitecustomize on the job's
-    # PYTHONPATH, set through the profile's env.
+    # PYTHONPATH, set through the profile's env. It starts ticking once the follower runs (the go file), so a
+    # slow machine cannot let the ticks pile up before anyone reads them.
     site = tmp_path / "site"
     site.mkdir()
+    go = tmp_path / "go"
     (site / "sitecustomize.py").write_text(
-        "import time\nfor i in range(1, 5):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)\n")
+        "import os, time\n"
+        f"deadline = time.time() + 90\nwhile not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
+        "    time.sleep(0.1)\n"
+        "for i in range(1, 5):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)\n")
     add_profile("ticking", env={"PYTHONPATH": str(site)}, setup=["sleep 3"])
     sub = submit(cli, "--batch", "ticking")
     wait_state(cli, sub.id, "RUNNING", timeout=60)
@@ -289,6 +294,8 @@ def test_logs_follow_prints_lines_as_they_come_and_returns_when_the_job_ends(slu
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    time.sleep(2)  # the follower is up and polling before the first tick
+    go.touch()
     try:
         proc.wait(timeout=120)
     finally:
