@@ -156,7 +156,8 @@ def make_plan(settings: Settings, sources: dict, tok: tokenization.TokenizerInfo
             files = ", ".join(s["path"] for s in srcs[:3]) or d.path
             raise DataPrepError(f"empty corpus: dataset {d.name} has no records ({files})")
         tasks[d.name] = shards.plan_dataset(d.name, os.path.join(settings.out, d.name), d.field, srcs,
-                                            settings.num_shards, tok.sha256, tok.eod_id, tok.dtype)
+                                            settings.num_shards, tok.sha256, tok.eod_id, tok.dtype,
+                                            settings.max_record_bytes)
         n, held_out = len(tasks[d.name]), settings.valid_shards + settings.test_shards
         if n >= 3 and held_out >= n:
             raise DataPrepError(f"dataset {d.name} has {n} shards: valid_shards + test_shards ({held_out}) must "

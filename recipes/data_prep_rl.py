@@ -148,7 +148,8 @@ def resolve(settings: Settings) -> tuple[list, dict]:
     for b in settings.blends:
         entry = _describe(blends[b])
         tasks.append(BlendTask(b, entry["path"], entry["format"], entry["fingerprint"], staging, settings.sample,
-                               settings.val_rows, settings.strict, dict(sorted(sources.items()))))
+                               settings.val_rows, settings.strict, dict(sorted(sources.items())),
+                               settings.max_record_bytes))
     return tasks, prov
 
 

@@ -111,7 +111,8 @@ def plan_partitions(settings: Settings, sources: dict, workers: int) -> list:
             for i in range(k):
                 lo, hi = i * n // k, (i + 1) * n // k
                 if hi > lo:
-                    part = conversations.Partition(len(parts), d.name, d.field, records=hi - lo)
+                    part = conversations.Partition(len(parts), d.name, d.field, settings.max_record_bytes,
+                                                   records=hi - lo)
                     part.pieces.append(conversations.Piece(s["path"], s["format"], lo, hi))
                     parts.append(part)
     return parts

@@ -331,7 +331,8 @@ def _small_task(tmp_path: Path, texts: list[str]) -> tuple:
     source = inputs.scan(str(corpus), "jsonl", "text")
     tok_json = (TINY / "tokenizer.json").read_text()
     sha = hashlib.sha256(tok_json.encode()).hexdigest()
-    task = shards.plan_dataset("d", str(tmp_path / "out"), "text", [source], 1, sha, 0, "uint16")[0]
+    task = shards.plan_dataset("d", str(tmp_path / "out"), "text", [source], 1, sha, 0, "uint16",
+                                inputs.MAX_RECORD_BYTES)[0]
     return task, tok_json, sha
 
 
@@ -618,7 +619,8 @@ def test_block_and_line_decoding_write_the_same_shard_bytes(tmp_path, monkeypatc
     source = inputs.scan(str(corpus), "jsonl", "text")
     tok_json = (TINY / "tokenizer.json").read_text()
     sha = hashlib.sha256(tok_json.encode()).hexdigest()
-    task = shards.plan_dataset("d", str(tmp_path / "out"), "text", [source], 1, sha, 0, "uint16")[0]
+    task = shards.plan_dataset("d", str(tmp_path / "out"), "text", [source], 1, sha, 0, "uint16",
+                                inputs.MAX_RECORD_BYTES)[0]
     read_json, decoded = pyarrow.json.read_json, []
 
     def counted(*args, **kwargs):

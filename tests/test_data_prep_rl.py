@@ -47,7 +47,7 @@ def task(blend: Path, staging: Path, sources=("dapo", "skywork"), **over) -> Ble
                  for s in sources}
     fields = {"name": blend.stem, "path": str(blend), "fmt": inputs.detect_format(str(blend)),
               "fingerprint": inputs.fingerprint(str(blend)), "staging": str(staging), "limit": None, "val_rows": 5,
-              "strict": False, "sources": described}
+              "strict": False, "sources": described, "max_bytes": inputs.MAX_RECORD_BYTES}
     return BlendTask(**{**fields, **over})
 
 
@@ -135,14 +135,14 @@ def test_source_rows_from_jsonl_and_parquet_agree(tmp_path):
     pq.write_table(pa.Table.from_pylist(src[:7]), tmp_path / "a.parquet", row_group_size=3)
     pq.write_table(pa.Table.from_pylist(src[7:]), tmp_path / "b.parquet", row_group_size=4)
     wanted = {0, 4, 6, 7, 11, 15, 99}
-    from_jsonl = records.fetch([(str(SOURCES["skywork"]), "jsonl")], wanted)
+    from_jsonl = records.fetch([(str(SOURCES["skywork"]), "jsonl")], wanted, inputs.MAX_RECORD_BYTES)
     from_parquet = records.fetch([(str(tmp_path / "a.parquet"), "parquet"), (str(tmp_path / "b.parquet"), "parquet")],
-                                 wanted)
+                                 wanted, inputs.MAX_RECORD_BYTES)
     assert from_jsonl == from_parquet and from_jsonl[1] == len(src) == 16 and 99 not in from_jsonl[0]
     assert from_jsonl[0][4] == (src[4]["prompt"][0]["content"], json.loads(src[4]["reward_model"]["ground_truth"])[0])
     pq.write_table(pa.table({"x": [1]}), tmp_path / "c.parquet")
     with pytest.raises(records.DataPrepError, match="has no column prompt or reward_model"):
-        records.fetch([(str(tmp_path / "c.parquet"), "parquet")], {0})
+        records.fetch([(str(tmp_path / "c.parquet"), "parquet")], {0}, inputs.MAX_RECORD_BYTES)
 
 
 # ---- a blend task in process (fast) ---------------------------------------------------------------------

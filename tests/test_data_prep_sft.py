@@ -29,7 +29,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("ray")
 tokenizers = pytest.importorskip("tokenizers")
 
-from recipes.dataprep import chat, conversations, sft_output
+from recipes.dataprep import chat, conversations, inputs, sft_output
 from recipes.dataprep import packed_parquet as pp
 from recipes.dataprep.packing import (
     best_fit_decreasing,
@@ -451,7 +451,7 @@ def test_pad_seq_to_mult_pads_with_eos_and_no_loss(tmp_path):
     tok = tokenizers.Tokenizer.from_file(str(TINY / "tokenizer.json"))
     tok_json = (TINY / "tokenizer.json").read_text()
     source = Path(chat.template_path("nemotron3")).read_text()
-    part = conversations.Partition(0, "tiny-chat", "messages", records=200)
+    part = conversations.Partition(0, "tiny-chat", "messages", inputs.MAX_RECORD_BYTES, records=200)
     part.pieces.append(conversations.Piece(str(TINY / "sft.jsonl.gz"), "jsonl.gz", 0, 200))
     result = conversations.tokenize_partition(part, str(tmp_path), tok_json, source, "nemotron3.jinja")
     settings = driver.parse_settings({"datasets": [{"name": "tiny-chat", "path": "x"}], "tokenizer": "t",

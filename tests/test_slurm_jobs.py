@@ -316,30 +316,77 @@ def test_logs_follow_prints_lines_as_they_come_and_returns_when_the_job_ends(slu
 
 # -- a burst of detached submissions -------------------------------------------------------------
 
-def test_burst_of_20_detached_jobs(slurm, cli, home):
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        subs = list(pool.map(lambda _: submit(cli, "--batch", "ci"), range(20)))
+BURST = 50
 
-    assert len({s.id for s in subs}) == 20, sorted(s.id for s in subs)
-    assert len({s.slurm_id for s in subs}) == 20, sorted(s.slurm_id for s in subs)
-    assert len({s.job_dir for s in subs}) == 20
+
+def test_burst_of_50_detached_jobs(slurm, cli, home):
+    add_profile("burst", partition="multi")  # both nodes: 8 jobs at a time
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        subs = list(pool.map(lambda _: submit(cli, "--batch", "burst"), range(BURST)))
+
+    assert len({s.id for s in subs}) == BURST, sorted(s.id for s in subs)
+    assert len({s.slurm_id for s in subs}) == BURST, sorted(s.slurm_id for s in subs)
+    assert len({s.job_dir for s in subs}) == BURST
 
     ids = [s.slurm_id for s in subs]
     agreed: dict = {}
 
     def all_ended_and_agree():
-        rows = list_rows(cli, "-n", "50")
+        rows = list_rows(cli, "-n", str(BURST))
         acct = sacct_states(ids)
         agreed.update(rows=rows, acct=acct)
         return all(s.id in rows for s in subs) and all(acct.get(s.slurm_id) in TERMINAL for s in subs) and all(
             rows[s.id]["STATE"] == acct[s.slurm_id] and rows[s.id]["SLURM"] == s.slurm_id for s in subs)
 
-    ok = wait_for(all_ended_and_agree, timeout=180, interval=1)
+    ok = wait_for(all_ended_and_agree, timeout=400, interval=2)
     rows, acct = agreed["rows"], agreed["acct"]
     assert all(s.id in rows for s in subs), f"missing from jobs list: {[s.id for s in subs if s.id not in rows]}"
     assert ok, "\n".join(f"{s.id} {s.slurm_id}: jobs list {rows.get(s.id, {}).get('STATE')}, "
                          f"sacct {acct.get(s.slurm_id)}" for s in subs)
     assert {acct[s.slurm_id] for s in subs} == {"FAILED"}  # every one stopped in its preflight
+
+
+# -- the scheduler ends a job -------------------------------------------------------------------
+
+def test_a_job_past_its_time_limit_shows_timeout_and_why_from_a_new_shell(slurm, cli, home):
+    add_profile("slow", setup=["sleep 600"])
+    sub = submit(cli, "--batch", "slow", "run.time=0:01:00")
+    st = wait_state(cli, sub.id, *TERMINAL, timeout=240)
+    assert st["state"] == "TIMEOUT" and st["source"] == "sacct", st["text"]
+    assert st["reason"].startswith("reached its time limit (run.time)"), st["text"]
+    assert sacct_states([sub.slurm_id]) == {sub.slurm_id: "TIMEOUT"}
+
+
+def test_a_node_failure_requeues_the_job_and_every_shell_says_so(slurm, cli, home):
+    add_profile("two", partition="multi", setup=["sleep 600"])
+    sub = submit(cli, "--batch", "two", "run.nodes=2")
+    wait_state(cli, sub.id, "RUNNING", timeout=120)
+    down = subprocess.run(["scontrol", "update", "nodename=localhost2", "state=down", "reason=simulated failure"],
+                          capture_output=True, text=True)
+    try:
+        assert down.returncode == 0, down.stderr
+        st = wait_state(cli, sub.id, "PENDING", timeout=60)  # --requeue: Slurm puts it back in the queue
+        assert st["reason"].startswith("requeued by Slurm after NODE_FAIL (attempt 2)"), st["text"]
+        assert st["source"] == "sacct", st["text"]
+        listed = list_rows(cli, "-n", "5")[sub.id]
+        assert listed["STATE"] == "PENDING", listed
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=localhost2", "state=resume"], capture_output=True)
+    assert jobs(cli, "cancel", sub.id).rc == 0
+    st = wait_state(cli, sub.id, "CANCELLED", timeout=60)
+    assert "requeued by Slurm after NODE_FAIL" in st["reason"], st["text"]
+
+
+def test_when_slurm_cannot_answer_the_state_says_why(slurm, cli, home):
+    add_profile("slow", setup=["sleep 600"])
+    sub = submit(cli, "--batch", "slow")
+    wait_state(cli, sub.id, "RUNNING", timeout=120)
+    broken = {"SLURM_CONF": str(Path(home) / "no-such-slurm.conf")}  # the real sacct and squeue fail
+    st = status(cli, sub.id, env=broken)
+    assert st["state"] == "UNKNOWN", st["text"]
+    assert re.fullmatch(r"sacct failed \(exit \d+: .+\); squeue failed \(exit \d+: .+\)", st["reason"]), st["text"]
+    assert "no-such-slurm.conf" in st["reason"], st["text"]
+    assert status(cli, sub.id)["state"] == "RUNNING"  # and with Slurm reachable again
 
 
 # -- the job-dir fallback ------------------------------------------------------------------------

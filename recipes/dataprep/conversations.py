@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import chat
-from .inputs import PARQUET, BadRecords, open_binary, row_groups
+from .inputs import PARQUET, BadRecords, lines, open_binary, row_groups, too_long
 from .shards import tmp_name
 
 BATCH = 256  # conversations per encode_batch call
@@ -47,6 +47,7 @@ class Partition:
     index: int
     dataset: str
     messages_field: str
+    max_bytes: int  # max_record_bytes
     pieces: list = field(default_factory=list)  # of Piece
     records: int = 0
 
@@ -55,20 +56,24 @@ class Partition:
         return f"part_{self.index:06d}"
 
 
-def read_records(piece: Piece, bad: BadRecords):
+def read_records(piece: Piece, bad: BadRecords, max_bytes: int):
     """(where, record) of each parsable record numbered [start, end) of the piece's file, in order."""
     if piece.fmt == PARQUET:
         yield from _parquet_records(piece)
         return
     n = 0  # record number of the next non-blank line
     with open_binary(piece.file, piece.fmt) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line or line.isspace():
+        for lineno, line in enumerate(lines(f, max_bytes), 1):
+            if line is not None and (not line or line.isspace()):
                 continue
             if n >= piece.start:
                 if n >= piece.end:
                     return
                 where = f"{piece.file}:{lineno}"
+                if line is None:
+                    too_long(where, max_bytes, bad)
+                    n += 1
+                    continue
                 try:
                     text = line.decode("utf-8")
                 except UnicodeDecodeError as e:
@@ -159,7 +164,7 @@ def tokenize_partition(part: Partition, staging: str, tokenizer_json: str, templ
 
     try:
         for piece in part.pieces:
-            for where, record in read_records(piece, bad):
+            for where, record in read_records(piece, bad, part.max_bytes):
                 try:
                     messages, tools = chat.conversation(record, part.messages_field)
                     text, spans = template.render(messages, tools)

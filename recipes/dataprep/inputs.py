@@ -5,7 +5,9 @@ Formats: JSON Lines, plain, gzip or zstd compressed (recognised by their magic b
 is called), and Parquet. A *record* is a non-blank line of a JSONL file or a row of a Parquet file; record
 numbers count from 0 in each file, in file order. Blank lines are skipped everywhere and are not records.
 
-A record whose text cannot be used is a *bad record*, one of BAD_KINDS. It is counted (with the first
+A record whose text cannot be used is a *bad record*, one of BAD_KINDS; a record longer than
+`max_record_bytes` is one too ("too_long"), skipped without ever being held whole, so a reader's memory
+stays within BLOCK_BYTES + max_record_bytes whatever the length of a line. It is counted (with the first
 few places it happened, as `file:line` or `file:row=N`) and skipped, or under `strict` it stops the run.
 """
 
@@ -27,11 +29,12 @@ JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
 EXTENSIONS = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz", ".jsonl.zst", ".json.zst",
               ".ndjson.zst", ".jsonl.zstd", ".parquet")
-BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty_text")
+BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty_text", "too_long")
 MAX_EXAMPLES = 5  # places kept per kind of bad record, per shard and per dataset
 FINGERPRINT_BYTES = 1 << 20
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 BLOCK_BYTES = 8 << 20  # JSONL read and decoded at once
+MAX_RECORD_BYTES = 16 << 20  # max_record_bytes' default
 
 
 def detect_format(path: str) -> str:
@@ -104,8 +107,53 @@ def open_binary(path: str, fmt: str) -> io.BufferedIOBase:
     return open(path, "rb", buffering=1 << 20)
 
 
-def _blank(line: bytes) -> bool:
-    return not line or line.isspace()
+def _blank(line: bytes | None) -> bool:
+    return line is not None and (not line or line.isspace())
+
+
+def line_blocks(f, max_bytes: int) -> Iterator[list]:
+    """The lines of a binary file, without their newlines, in blocks read BLOCK_BYTES at a time. A line longer
+    than `max_bytes` comes as None: its bytes are dropped as they are read, never held whole."""
+    rest, skipping = b"", False
+    while data := f.read(BLOCK_BYTES):
+        if skipping:  # inside a line that is too long: drop its bytes up to its newline
+            cut = data.find(b"\n")
+            if cut < 0:
+                continue
+            data, skipping = data[cut + 1:], False
+        end = data.rfind(b"\n") + 1
+        if not end:
+            if len(rest) + len(data) > max_bytes:
+                yield [None]
+                rest, skipping = b"", True
+            else:
+                rest += data
+            continue
+        whole = rest + data[:end] if rest else data[:end]
+        rest = data[end:]
+        block = whole.split(b"\n")
+        block.pop()  # the empty string after the last newline
+        if len(whole) > max_bytes:
+            block = [line if len(line) <= max_bytes else None for line in block]
+        yield block
+    if len(rest) > max_bytes:
+        yield [None]
+    elif rest:
+        yield [rest]
+
+
+def lines(f, max_bytes: int = BLOCK_BYTES) -> Iterator[bytes | None]:
+    """The lines of a binary file one by one (line_blocks)."""
+    for block in line_blocks(f, max_bytes):
+        yield from block
+
+
+def over(max_bytes: int) -> str:
+    return f"longer than max_record_bytes ({max_bytes:,} bytes)"
+
+
+def too_long(where: str, max_bytes: int, bad: BadRecords) -> None:
+    bad.add("too_long", where, over(max_bytes))
 
 
 def count_records(path: str, fmt: str, text_field: str, limit: int | None = None) -> tuple[int, bool]:
@@ -126,7 +174,7 @@ def count_records(path: str, fmt: str, text_field: str, limit: int | None = None
     n = 0
     try:
         with open_binary(path, fmt) as f:
-            for line in f:
+            for line in lines(f):
                 if not _blank(line):
                     n += 1
                     if limit is not None and n >= limit:
@@ -226,29 +274,34 @@ def _text(value, text_field: str, where: str, bad: BadRecords, escaped: bool = T
     return value
 
 
-def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: BadRecords) -> Iterator[tuple]:
+def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: BadRecords,
+               max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple]:
     """Blocks of the good records numbered [start, end) in the file, in order: (input bytes, texts), the texts
     a pyarrow large_string array."""
     if fmt == PARQUET:
-        yield from _parquet_texts(path, text_field, start, end, bad)
+        yield from _parquet_texts(path, text_field, start, end, bad, max_bytes)
         return
     n = 0  # record number of the next non-blank line
     lineno = 0
     with open_binary(path, fmt) as f:
-        while n < end and (chunk := f.readlines(BLOCK_BYTES)):
-            lines, linenos = [], []
+        blocks = line_blocks(f, max_bytes)
+        while n < end and (chunk := next(blocks, None)) is not None:
+            kept, linenos = [], []
             for lineno, line in enumerate(chunk, lineno + 1):
                 if _blank(line):
                     continue
                 if n >= end:
                     break
                 if n >= start:
-                    lines.append(line)
-                    linenos.append(lineno)
+                    if line is None:
+                        too_long(f"{path}:{lineno}", max_bytes, bad)
+                    else:
+                        kept.append(line)
+                        linenos.append(lineno)
                 n += 1
-            texts = _jsonl_block(path, lines, linenos, text_field, bad) if lines else ()
+            texts = _jsonl_block(path, kept, linenos, text_field, bad) if kept else ()
             if len(texts):
-                yield sum(map(len, lines)), texts
+                yield sum(map(len, kept)) + len(kept), texts
 
 
 def _jsonl_block(path: str, lines: list[bytes], linenos: list[int], text_field: str, bad: BadRecords):
@@ -259,7 +312,7 @@ def _jsonl_block(path: str, lines: list[bytes], linenos: list[int], text_field: 
     import pyarrow as pa
     import pyarrow.json as pj
 
-    data = b"".join(lines)
+    data = b"\n".join(lines)
     options = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.large_string())]),
                               unexpected_field_behavior="ignore")
     try:
@@ -288,9 +341,9 @@ def whitespace() -> str:
     return "".join(c for c in map(chr, range(0x3001)) if c.isspace())
 
 
-def _checked(texts, where, text_field: str, bad: BadRecords):
-    """`texts` (a string array, one value per record) without its missing and empty texts, which are counted
-    as bad records at `where(i)`, in record order."""
+def _checked(texts, where, text_field: str, bad: BadRecords, max_bytes: int = MAX_RECORD_BYTES):
+    """`texts` (a string array, one value per record) without its missing, empty and too long texts, which are
+    counted as bad records at `where(i)`, in record order."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -307,10 +360,13 @@ def _checked(texts, where, text_field: str, bad: BadRecords):
     if maybe.size:
         stripped = pc.utf8_ltrim(texts.take(pa.array(maybe)), characters=whitespace())
         empty[maybe] = pc.binary_length(stripped).to_numpy(zero_copy_only=False) == 0
-    drop = np.flatnonzero(missing | empty)
+    long = ~missing & (offsets[1:] - offsets[:-1] > max_bytes)
+    drop = np.flatnonzero(missing | empty | long)
     for i in drop:
         if missing[i]:
             bad.add("missing_field", where(i), f"no {text_field!r} field")
+        elif long[i]:
+            too_long(where(i), max_bytes, bad)
         else:
             bad.add("empty_text", where(i), f"{text_field!r} is empty")
     if not drop.size:
@@ -320,7 +376,8 @@ def _checked(texts, where, text_field: str, bad: BadRecords):
     return texts.filter(pa.array(keep))
 
 
-def _parquet_texts(path: str, text_field: str, start: int, end: int, bad: BadRecords) -> Iterator[tuple]:
+def _parquet_texts(path: str, text_field: str, start: int, end: int, bad: BadRecords,
+                   max_bytes: int) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -333,9 +390,13 @@ def _parquet_texts(path: str, text_field: str, start: int, end: int, bad: BadRec
         lo, hi = max(start - row, 0), min(end - row, batch.num_rows)
         column, base = batch.column(0).slice(lo, hi - lo), row + lo
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            texts = _checked(column, lambda i: f"{path}:row={base + i}", text_field, bad)
+            texts = _checked(column, lambda i: f"{path}:row={base + i}", text_field, bad, max_bytes)
         else:  # bytes, numbers, ...: value by value
-            texts = (_text(v, text_field, f"{path}:row={base + i}", bad) for i, v in enumerate(column.to_pylist()))
+            texts = [_text(v, text_field, f"{path}:row={base + i}", bad) for i, v in enumerate(column.to_pylist())]
+            for i, t in enumerate(texts):
+                if t is not None and len(t.encode()) > max_bytes:
+                    too_long(f"{path}:row={base + i}", max_bytes, bad)
+                    texts[i] = None
             texts = pa.array([t for t in texts if t is not None], pa.large_string())
         if len(texts):
             yield texts.nbytes, texts

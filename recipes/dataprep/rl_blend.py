@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from . import rl_records as records
 from .errors import BadRecordError, DataPrepError
-from .inputs import BadRecords, open_binary
+from .inputs import BadRecords, lines, open_binary, over
 from .shards import TMP_MARK, fsync_dir, tmp_name, write_json
 
 FORMAT = "ultra3-rl-jsonl/1"
@@ -41,6 +41,7 @@ class BlendTask:
     val_rows: int
     strict: bool
     sources: dict  # {source: [{path, format, fingerprint}]}, the sources given
+    max_bytes: int  # max_record_bytes
 
     @property
     def key(self) -> str:
@@ -100,14 +101,18 @@ class _Writer:
 
 
 def _records(task: BlendTask):
-    """(record number, line number, line) of the blend's records, the first `limit` of them."""
+    """(record number, line number, line) of the blend's records, the first `limit` of them; a line longer
+    than max_record_bytes is None."""
     n = 0
     with open_binary(task.path, task.fmt) as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(lines(f, task.max_bytes), 1):
             if task.limit is not None and n >= task.limit:
                 return
-            line = line.strip()
-            if line:
+            line = line if line is None else line.strip()
+            if line is None:
+                yield n, lineno, None
+                n += 1
+            elif line:
                 yield n, lineno, line.removeprefix(BOM)
                 n += 1
 
@@ -118,7 +123,7 @@ def _scan(task: BlendTask) -> tuple[int, dict]:
     total, wanted = 0, {}
     for n, _, line in _records(task):
         total = n + 1
-        if records.MARK in line:
+        if line is not None and records.MARK in line:
             row, _, _ = records.parse(line)
             found = records.placeholder(row) if row is not None and records.PLACEHOLDER in row else None
             if isinstance(found, tuple):
@@ -136,14 +141,17 @@ def prepare_blend(task: BlendTask) -> dict:
     if total <= task.val_rows:
         raise DataPrepError(f"blend {task.name} ({task.path}) has {total:,} record(s), not more than val_rows="
                             f"{task.val_rows}: nothing left to train on; lower val_rows")
-    fetched = {s: records.fetch([(e["path"], e["format"]) for e in task.sources[s]], rows)
+    fetched = {s: records.fetch([(e["path"], e["format"]) for e in task.sources[s]], rows, task.max_bytes)
                for s, rows in sorted(wanted.items()) if s in task.sources}
     writers = {s: _Writer(os.path.join(task.directory, f"{s}.jsonl")) for s in SPLITS}
     counts = {k: {} for k in ("found", "restored", "dropped")}
     bad = BadRecords()
     try:
         for n, lineno, line in _records(task):
-            data, kind, problem = _row(line, fetched, counts)
+            if line is None:
+                data, kind, problem = None, "too_long", over(task.max_bytes)
+            else:
+                data, kind, problem = _row(line, fetched, counts)
             if problem:
                 where = f"{task.path}:{lineno}"
                 if task.strict:

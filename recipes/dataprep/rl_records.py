@@ -36,7 +36,7 @@ import bisect
 import json
 
 from .errors import DataPrepError
-from .inputs import PARQUET, open_binary
+from .inputs import PARQUET, lines, open_binary, over
 
 PLACEHOLDER = "_hf_placeholder"
 MARK = PLACEHOLDER.encode()
@@ -164,7 +164,7 @@ def _question_answer(record, where: str) -> tuple[str, str] | str:
     return question, answer
 
 
-def fetch(files: list, wanted: set) -> tuple[dict, int]:
+def fetch(files: list, wanted: set, max_bytes: int) -> tuple[dict, int]:
     """{row number: (question, answer) or what is wrong with that source row} for the `wanted` rows of a
     source dataset (`files`: [(path, format)] in order), and how many rows it has."""
     found: dict = {}
@@ -174,7 +174,7 @@ def fetch(files: list, wanted: set) -> tuple[dict, int]:
         if fmt == PARQUET:
             rows = _parquet_rows(path, order, offset, found)
         else:
-            rows = _jsonl_rows(path, fmt, order, offset, found)
+            rows = _jsonl_rows(path, fmt, order, offset, found, max_bytes)
         offset += rows
     return found, offset
 
@@ -198,15 +198,15 @@ def _parquet_rows(path: str, order: list, offset: int, found: dict) -> int:
     return start - offset
 
 
-def _jsonl_rows(path: str, fmt: str, order: list, offset: int, found: dict) -> int:
+def _jsonl_rows(path: str, fmt: str, order: list, offset: int, found: dict, max_bytes: int) -> int:
     wanted = set(order)
     n = 0
     with open_binary(path, fmt) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+        for lineno, line in enumerate(lines(f, max_bytes), 1):
+            if line is not None and not line.strip():
                 continue
             if offset + n in wanted:
-                record, _, problem = parse(line)
+                record, _, problem = parse(line) if line is not None else (None, "", over(max_bytes))
                 where = f"row {offset + n} ({path}:{lineno})"
                 found[offset + n] = _question_answer(record, where) if record is not None else f"{where}: {problem}"
             n += 1

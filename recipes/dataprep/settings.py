@@ -107,6 +107,7 @@ class Run:
     force: bool
     strict: bool
     max_bad_fraction: float
+    max_record_bytes: int
     job: str | None  # the job's id (job.id of its config): who holds the output dir's lock
     workers: int | None
     hf_cache_dir: str | None
@@ -147,6 +148,7 @@ def run_values(cfg: dict) -> dict:
         "force": bool_value(cfg, "force"),
         "strict": bool_value(cfg, "strict"),
         "max_bad_fraction": _share(cfg, "max_bad_fraction", 0.01),
+        "max_record_bytes": int_value(cfg, "max_record_bytes", inputs.MAX_RECORD_BYTES, 1),
         "job": (cfg.get("job") or {}).get("id") if isinstance(cfg.get("job"), dict) else None,
         "workers": int_value(cfg, "workers", None, 1, allow_none=True),
         "hf_cache_dir": str_value(cfg, "hf_cache_dir"),

@@ -59,6 +59,7 @@ class ShardTask:
     index: int
     directory: str  # the dataset's output directory
     text_field: str
+    max_bytes: int  # max_record_bytes
     pieces: list = field(default_factory=list)  # of Piece
     records: int = 0
     est_bytes: int = 0  # input bytes, estimated (for scheduling the largest first)
@@ -82,14 +83,15 @@ def ranges(total: int, n: int) -> list[tuple[int, int]]:
 
 
 def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict], num_shards: int,
-                 tokenizer_sha: str, eod_id: int, dtype: str) -> list[ShardTask]:
+                 tokenizer_sha: str, eod_id: int, dtype: str, max_bytes: int) -> list[ShardTask]:
     """`sources`: [{path, format, fingerprint, records}] in order; shards of contiguous record ranges."""
     total = sum(s["records"] for s in sources)
     n = max(1, min(num_shards, total))
     starts = list(itertools.accumulate([0] + [s["records"] for s in sources]))
     tasks = []
     for i, (lo, hi) in enumerate(ranges(total, n)):
-        task = ShardTask(dataset=name, index=i, directory=directory, text_field=text_field, records=hi - lo)
+        task = ShardTask(dataset=name, index=i, directory=directory, text_field=text_field, max_bytes=max_bytes,
+                         records=hi - lo)
         for s, first in zip(sources, starts):
             a, b = max(lo, first), min(hi, first + s["records"])
             if a < b:
@@ -97,7 +99,7 @@ def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict]
                 task.est_bytes += s["fingerprint"]["bytes"] * (b - a) // max(s["records"], 1)
         task.plan_hash = hashlib.sha256(json.dumps({
             "format": FORMAT, "tokenizer_sha256": tokenizer_sha, "eod_id": eod_id, "dtype": dtype,
-            "text_field": text_field,
+            "text_field": text_field, "max_record_bytes": max_bytes,
             "pieces": [{k: v for k, v in asdict(p).items() if k != "file"} for p in task.pieces],  # content, not place
         }, sort_keys=True).encode()).hexdigest()
         tasks.append(task)
@@ -220,7 +222,7 @@ def invalidate(task: ShardTask) -> None:
 def _blocks(task: ShardTask, bad: BadRecords):
     """(input bytes, texts) blocks of the shard's good records, in order (inputs.read_texts)."""
     for piece in task.pieces:
-        yield from read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad)
+        yield from read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad, task.max_bytes)
 
 
 def warm(tokenizer_json: str, tokenizer_sha: str, encoder: str, threads: int = 1) -> None:

@@ -43,11 +43,11 @@ def texts(path: str):
             raise QuantizeError(f"calibration.path: {file} is Parquet; give JSONL (plain, .gz or .zst) or the "
                                 "directory `ultra3 data prep sft` wrote")
         with inputs.open_binary(file, fmt) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
+            for number, line in enumerate(inputs.lines(f, inputs.MAX_RECORD_BYTES), 1):
+                if line is not None and not line.strip():
                     continue
                 try:
-                    text = record_text(json.loads(line))
+                    text = record_text(json.loads(line)) if line is not None else None
                 except (ValueError, UnicodeDecodeError):
                     text = None
                 if not text:

@@ -153,6 +153,7 @@ _DATA_PREP: Schema = {
     "force": bool,
     "strict": bool,  # bad records are errors instead of counted and skipped
     "max_bad_fraction": float,  # more bad records than this share of a dataset (or no tokens at all) fails the run
+    "max_record_bytes": Count(1),  # a longer line or text is a bad record (too_long), never held whole
     "workers": Count(1),  # Ray tasks at a time (default: all CPUs)
     "hf_cache_dir": str,  # where hf:// datasets are downloaded first (shared storage)
     "progress_interval": float,  # seconds between progress lines

@@ -37,11 +37,26 @@ def _cluster_states(records: list[JobRecord]) -> dict[str, State]:
     return {r.id: by_id[r.id] for r in records}
 
 
+# why the scheduler ended a job, where the job's own log cannot say it
+ENDED_BY_SLURM = {
+    "TIMEOUT": "reached its time limit (run.time); submit it again to go on from its last checkpoint, or give "
+               "it more time",
+    "NODE_FAIL": "a node of the job failed; submit it again (it goes on from its last checkpoint)",
+    "OUT_OF_MEMORY": "a process ran out of host memory (Slurm's memory limit, run.mem)",
+    "PREEMPTED": "preempted by a job of higher priority",
+    "BOOT_FAIL": "a node failed to boot",
+    "DEADLINE": "reached its deadline before it could end",
+}
+
+
 def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
-    """Slurm id -> state, from sacct, else (accounting lags or forgot the job) from the controller."""
+    """Slurm id -> state, from sacct, else (accounting lags or forgot the job) from the controller. sacct
+    lists every attempt of a job (-D): a job Slurm requeued (after a node failure) says so. A command that
+    fails leaves its cause in the reason of a job no one could place."""
     ssh = records[0].ssh
     found: dict[str, State] = {}
-    acct = run(["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(r.slurm_id for r in records),
+    attempts: dict[str, list[str]] = {}
+    acct = run(["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(r.slurm_id for r in records),
                 "--format=JobID,State,ExitCode,Reason"], ssh)
     for line in acct.stdout.splitlines():
         parts = line.split("|")
@@ -51,26 +66,44 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
             signalled = st in TERMINAL and st != "CANCELLED" and signal not in ("", "0")
             exit_code = int(code) if st in TERMINAL and st != "CANCELLED" and code.isdigit() and not signalled else None
             reason = parts[3] if st == "PENDING" and parts[3] != "None" else f"ended by signal {signal}" if signalled \
-                else ""
+                else ENDED_BY_SLURM.get(st, "")
+            if parts[0] in found:  # an earlier attempt
+                attempts.setdefault(parts[0], []).append(found[parts[0]].state)
             found[parts[0]] = State(st, exit_code, reason, "sacct")
+    for jid, earlier in attempts.items():
+        st = found[jid]
+        again = f"requeued by Slurm after {', '.join(earlier)} (attempt {len(earlier) + 1})"
+        st.reason = f"{again}; {st.reason}" if st.reason else again
+    causes = [] if acct.returncode == 0 else [_failed("sacct", acct)]
     missing = [r.slurm_id for r in records if r.slurm_id not in found]
     if missing:
         queue = run(["squeue", "-h", "-j", ",".join(missing), "-o", "%i|%T|%r"], ssh)
         for line in queue.stdout.splitlines():
             jid, st, reason = (line.split("|") + ["", ""])[:3]
             found[jid] = State(st, None, "" if reason == "None" else reason, "squeue")
+        if queue.returncode != 0 and "Invalid job id" not in queue.stderr:
+            causes.append(_failed("squeue", queue))
+    for r in records:
+        if r.slurm_id not in found and causes:
+            found[r.slurm_id] = _job_dir_state(r, "; ".join(causes))
     return found
 
 
-def _job_dir_state(record: JobRecord) -> State:
-    """Neither sacct nor squeue knows the job: read the end marker NeMo-Run's script writes."""
+def _failed(command: str, proc) -> str:
+    said = " ".join(proc.stderr.split())[:200] or "no message"
+    return f"{command} failed (exit {proc.returncode}: {said})"
+
+
+def _job_dir_state(record: JobRecord, causes: str = "") -> State:
+    """Neither sacct nor squeue knows the job (`causes`: why they could not say): read the end marker
+    NeMo-Run's script writes."""
     marks = run(["find", record.task_dir, "-maxdepth", "1", "-name", f"sbatch_*_{record.slurm_id}.out",
                  "-exec", "grep", "-a", "-h", f"^{END_MARK}", "{}", "+"], record.ssh).stdout.split("\n")
     last = [line for line in marks if line.strip()][-1:]
     if last:
         code = int(last[0].rsplit(" ", 1)[-1])
         return State("COMPLETED" if code == 0 else "FAILED", code, "", "job dir")
-    return State("UNKNOWN", None, "neither sacct nor squeue knows the job", "")
+    return State("UNKNOWN", None, causes or "neither sacct nor squeue knows the job", "")
 
 
 def _upstream_reason(record: JobRecord, by_id: dict[str, State]) -> None:
