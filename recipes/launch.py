@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
 import ipaddress
 import json
 import os
@@ -25,6 +26,7 @@ from . import contract, preflight
 from .contract import GROUP_RESOURCE, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
 
 WAIT_S = 600  # for the other nodes: their preflight, the Ray head's address, every Ray node
+STOP_WAIT_S = 30  # for the worker nodes to stop their Ray before the head stops its own
 
 
 def load(path: str) -> dict:
@@ -272,8 +274,17 @@ def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:
         with open(tag + ".done", "w") as f:
             f.write("done\n")
         ray.shutdown()
+        _wait_for_workers_to_stop(tag, int(os.environ.get("SLURM_NNODES", "1")) - 1)
         head.terminate()  # --block: stops every Ray process it started
         head.wait(timeout=120)
+
+
+def _wait_for_workers_to_stop(tag: str, workers: int) -> None:
+    """The workers' Ray goes first: a worker node whose head (its GCS) is gone before it has drained logs
+    RpcError tracebacks as it stops."""
+    deadline = time.time() + STOP_WAIT_S
+    while len(glob.glob(glob.escape(tag) + ".stopped-*")) < workers and time.time() < deadline:
+        time.sleep(0.2)
 
 
 def _ray_worker(cfg: dict, tag: str, temp: str) -> int:
@@ -288,13 +299,17 @@ def _ray_worker(cfg: dict, tag: str, temp: str) -> int:
     address = read(tag + ".head")
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # Ray refuses to add a node without it
     worker = _ray_start(cfg, node_address(), temp, f"--address={address}")
-    while not os.path.exists(tag + ".done"):
-        if worker.poll() is not None:
-            return worker.returncode or 1
-        time.sleep(1)
-    worker.terminate()
-    worker.wait(timeout=120)
-    return 0
+    try:
+        while not os.path.exists(tag + ".done"):
+            if worker.poll() is not None:
+                return worker.returncode or 1
+            time.sleep(1)
+        worker.terminate()
+        worker.wait(timeout=120)
+        return 0
+    finally:  # what the head waits for before it stops
+        with open(f"{tag}.stopped-{os.environ.get('SLURM_NODEID', '0')}", "w") as f:
+            f.write("stopped\n")
 
 
 def _connect(ray, address: str, head: subprocess.Popen) -> None:

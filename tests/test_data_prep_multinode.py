@@ -51,6 +51,9 @@ def run_both(cli, *stage: str, config: str = "tiny") -> tuple[Path, Path, str]:
     for line in [*NODES, "ray cluster up: 2 nodes (127.0.0.1 with 1 CPU(s), 127.0.0.2 with 1 CPU(s))"]:
         assert line in log, log[-3000:]
     assert log.count("preflight ok on ") == 2, log[-3000:]
+    # the worker node's Ray stopped before the head's: no RpcError traceback from a node that lost its head
+    assert "Traceback" not in log and "RpcError" not in log, log[-3000:]
+    assert list(Path(two[1]).glob("ray-*.stopped-1")), sorted(p.name for p in Path(two[1]).iterdir())
     return Path(one[1]), Path(two[1]), log
 
 
