@@ -76,12 +76,16 @@ def precheck(cfg: dict) -> str:
             not megatron_export.is_megatron(ckpt):
         raise QuantizeError(f"bf16_checkpoint: {ckpt} is neither a Hugging Face checkpoint (config.json) nor a "
                             f"Megatron-Bridge checkpoint ({' or '.join(megatron_export.TRACKERS)}); fix the path")
-    calib = (cfg.get("calibration") or {}).get("path")
-    if calib and not str(calib).startswith("hf://"):
+    calib = cfg.get("calibration") or {}
+    path = calib.get("path")
+    if path and not str(path).startswith("hf://"):
         from .dataprep import inputs
+        from .quantization import calibration
 
-        if not inputs.expand(str(calib)):
-            raise QuantizeError(f"calibration.path: {calib} matches no file; give a JSONL file, directory or glob")
+        if not inputs.expand(str(path)):
+            raise QuantizeError(f"calibration.path: {path} matches no file; give a JSONL file, directory or glob")
+        if cfg.get("backend") != "megatron" and not os.path.isfile(os.path.join(path, calibration.PACKED_MARK)):
+            calibration.check_text(str(path), *calibration.sizes(calib))
     return out
 
 
@@ -166,8 +170,7 @@ def quantize_hf(cfg: dict, config, tokenizer, quant_cfg: dict, staging: str) -> 
 
     calib = cfg.get("calibration") or {}
     batch = calib.get("batch_size") or 1
-    calib_windows, held_out = calibration.windows(calib.get("path") or "", tokenizer, calib.get("samples") or 512,
-                                                  calib.get("held_out") or 16, calib.get("seq_length") or 4096)
+    calib_windows, held_out = calibration.windows(calib.get("path") or "", tokenizer, *calibration.sizes(calib))
     device = pick_device(cfg)
     timings = {}
     t0 = time.time()

@@ -226,6 +226,24 @@ def test_bad_input_is_one_line_exit_2_nothing_written(change, message, tmp_path)
     assert not (tmp_path / "out").exists() and not (tmp_path / "bf16").exists()
 
 
+@pytest.mark.parametrize("lines, message", [
+    ('{"text": "fine"}\n{"txt": 1}\n', "bad.jsonl:2 is not a JSON record"),
+    ('{"text": "too little text for 5 windows of 16 tokens"}\n', "holds 42 bytes of text in 1 document(s), at most 43 tokens, fewer than the 80 needed"),
+])
+def test_calibration_content_is_checked_before_modelopt_torch_or_transformers(lines, message, tmp_path):
+    (tmp_path / "bad.jsonl").write_text(lines)
+    cfg = tiny_config(tmp_path, calibration={"path": str(tmp_path / "bad.jsonl"), "samples": 4, "held_out": 1,
+                                             "seq_length": 16})
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    probe = ("import sys\nfrom recipes import quantize\nrc = quantize.main(['--config', sys.argv[1]])\n"
+             "heavy = sorted(m for m in ('modelopt', 'torch', 'transformers') if m in sys.modules)\n"
+             "print(rc, heavy)\n")
+    p = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "config.yaml")], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert p.stdout.strip() == "2 []", p.stdout + p.stderr
+    assert message in p.stderr.strip().splitlines()[-1], p.stderr
+
+
 def test_bad_input_found_in_the_job_is_one_line_exit_2_through_the_cli(cli, tmp_path):
     """An attached run whose runtime stops on its input: the CLI ends with that one line and exit code 2."""
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": 1}\n')

@@ -17,6 +17,27 @@ from ..dataprep.errors import DataPrepError
 from .errors import QuantizeError
 
 
+SIZES = {"samples": 512, "held_out": 16, "seq_length": 4096}  # calibration.*'s defaults
+
+
+def sizes(calib: dict) -> tuple[int, int, int]:
+    """(samples, held_out, seq_length) of the calibration config."""
+    return tuple(calib.get(k) or default for k, default in SIZES.items())
+
+
+def check_text(path: str, samples: int, held_out: int, seq_length: int) -> None:
+    """The records the run will read parse, and hold text enough for the windows (a token covers at least a
+    byte, and each document adds one end-of-text token): what can be known before a tokenizer is loaded."""
+    need, size, docs = (samples + held_out) * seq_length, 0, 0
+    for text in texts(path):
+        size, docs = size + len(text.encode()), docs + 1
+        if size + docs >= need:
+            return
+    raise QuantizeError(f"calibration.path: {path} holds {size:,} bytes of text in {docs:,} document(s), at most "
+                        f"{size + docs:,} tokens, fewer than the {need:,} needed for {samples} + {held_out} windows "
+                        f"of {seq_length}; add data or lower calibration.samples / held_out / seq_length")
+
+
 def record_text(record: object) -> str | None:
     if not isinstance(record, dict):
         return None
