@@ -34,6 +34,7 @@ CONFIG_FILE = "config.yaml"  # the job's resolved config, in its working directo
 ENTRY_MODULE = "recipes.launch"  # `python -m recipes.launch --config config.yaml`, on every node
 HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"  # the first node's address, exported by the job script
 GROUP_RESOURCE = "ultra3_group_"  # + a layout group's name: the Ray resource each node of that group has
+IMAGE_ID = "/opt/ultra3/image.json"  # in an image `ultra3 container build` made: {"kind", "digest"}
 
 # -- rules both sides apply ----------------------------------------------------------------------
 NVFP4_CAPABILITIES = ((10, 0), (10, 3))  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 
-from .contract import NVFP4_CAPABILITIES, PREFLIGHT_MARK, trains_nvfp4
+from .contract import IMAGE_ID, NVFP4_CAPABILITIES, PREFLIGHT_MARK, trains_nvfp4
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -25,6 +25,33 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 def python_version(cfg: dict) -> str | None:
     if sys.version_info < (3, 10):
         return f"Python {sys.version.split()[0]} is too old; the recipes need 3.10+ (the training container has 3.12)"
+    return None
+
+
+def image(cfg: dict) -> str | None:
+    """The container is the image the job asked for (job.image: one `ultra3 container build` made)."""
+    want = (cfg.get("job") or {}).get("image")
+    if not want:
+        return None
+    try:
+        with open(IMAGE_ID, encoding="utf-8") as f:
+            have = json.load(f)
+    except (OSError, ValueError):
+        return (f"image: the job asked for {want['name']}, but this container has no {IMAGE_ID} (not an image "
+                "ultra3 built); check container_image in the profile")
+    if have.get("digest") != want["digest"]:
+        return (f"image: the container is ultra3-{have.get('kind')}-{str(have.get('digest'))[:12]} but the job asked "
+                f"for {want['name']}; was the .sqsh replaced? build it again: ultra3 container build {want['kind']}")
+    return None
+
+
+def build_tools(cfg: dict) -> str | None:
+    """podman, and mksquashfs or enroot, on the build node."""
+    missing = [t for t in ("podman", "mksquashfs") if not shutil.which(t)
+               and not (t == "mksquashfs" and shutil.which("enroot"))]
+    if missing:
+        return (f"{' and '.join(missing)} not found on this node; install podman and squashfs-tools (or enroot) on "
+                "the build nodes, or pick others with build_partition")
     return None
 
 
@@ -202,8 +229,9 @@ def _parents(path: str) -> list[str]:
     return parents
 
 
-CHECKS = {check.__name__: check for check in (python_version, training_packages, quantize_packages, gpus, inputs,
-                                              data_prep_packages, data_prep_inputs, shared_dir, nemo_rl)}
+CHECKS = {check.__name__: check for check in (python_version, image, training_packages, quantize_packages, gpus,
+                                              inputs, data_prep_packages, data_prep_inputs, shared_dir, nemo_rl,
+                                              build_tools)}
 # for a config without job.checks (written by an older launcher): the checks of its launch kind
 BY_LAUNCH = {
     "torchrun": ("python_version", "training_packages", "gpus", "inputs"),

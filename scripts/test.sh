@@ -11,10 +11,16 @@ python3 -m venv .venv
 
 if [ "$(id -u)" = 0 ]; then
     bash scripts/slurm-local/start.sh
-    if [ ! -x /usr/sbin/sshd ]; then  # the SSH submission tests talk to a local sshd
+    # the SSH submission tests talk to a local sshd; the image build test runs podman, mksquashfs and busybox
+    need=()
+    [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+    command -v podman >/dev/null || need+=(podman)
+    command -v mksquashfs >/dev/null || need+=(squashfs-tools)
+    command -v busybox >/dev/null || need+=(busybox-static)
+    if [ ${#need[@]} -gt 0 ]; then
         export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -q --no-install-recommends openssh-server >/dev/null 2>&1 ||
-            { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends openssh-server >/dev/null; }
+        apt-get install -y -q "${need[@]}" >/dev/null 2>&1 ||
+            { apt-get update -q >/dev/null && apt-get install -y -q "${need[@]}" >/dev/null; }
     fi
 else
     echo "not root: the local Slurm cluster is not started; Slurm tests run only if one is reachable" >&2

@@ -43,6 +43,7 @@ time = "04:00:00"
 container_image = "/lustre/images/ultra3-train.sqsh"
 mounts = ["/lustre:/lustre"]
 exclusive = true
+build_cache_dir = "/lustre/images/ultra3"
 [blackwell.env]
 NCCL_DEBUG = "WARN"
 

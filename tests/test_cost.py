@@ -171,4 +171,5 @@ def test_format_line_in_human_units():
 def test_every_stage_names_a_cost_model():
     assert {s.name: s.cost_model().__name__ for s in STAGES} == {
         "pretrain": "training", "sft": "training", "data prep pretrain": "data_prep", "data prep sft": "data_prep",
-        "quantize": "quantize", "data prep rl": "data_prep", "rl rlvr": "rl", "rl teacher": "rl", "rl mopd": "rl"}
+        "quantize": "quantize", "data prep rl": "data_prep", "rl rlvr": "rl", "rl teacher": "rl", "rl mopd": "rl",
+        "container build": "image_build"}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ultra3.paths import nemorun_home
+
 QUICK_START = """
 [YOUR-CLUSTER]
 executor = "slurm"
@@ -52,7 +54,7 @@ HONOURED = [
     ('run_partition = "interactive"', "run_partition: 'interactive' is the partition of this --run submission",
      "#SBATCH --partition=interactive"),
     ('lustre_mount = "/scratch:/scratch"', "lustre_mount: '/scratch:/scratch' added to mounts", "/scratch:/scratch"),
-    *[(f'{key} = {value}', f"{key}: configures image builds, which no stage job reads; ignored here", "")
+    *[(f'{key} = {value}', f"{key}: read by image builds only; not used here", "#SBATCH --partition=batch")
       for key, value in (("build_partition", '"cpu"'), ("build_time", '"01:00:00"'), ("build_image", '"x"'),
                          ("build_cache_dir", '"/lustre/cache"'), ("build_registry", '"reg.example.com"'),
                          ("build_include_gpus", "true"), ("build_gpus_per_node", "1"))],
@@ -143,13 +145,17 @@ def test_wandb_run_name_and_artifacts_root_are_honoured(cli_here, nvidia, tmp_pa
 
 def test_a_slurm_profile_without_an_image_warns_in_a_dry_run_and_is_refused_on_submission(cli_here, nvidia):
     dry = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
-    assert "warning: run.container_image: no container image is set, so the job would run `python` from the compute " \
-           "nodes' PATH; set container_image = \"IMAGE\" in [YOUR-CLUSTER] of env.toml" in dry.out
+    missing = f"no {nemorun_home()}/containers/ultra3-training-"
+    assert "warning: run.container_image: no container image is set and the training image is not built for profile " \
+           f"'YOUR-CLUSTER' ({missing}" in dry.out and "so the job would run `python` from the compute nodes' PATH; " \
+           "build it (ultra3 container build training --batch YOUR-CLUSTER), or set container_image = \"IMAGE\" in " \
+           "[YOUR-CLUSTER] of env.toml" in dry.out
     real = cli_here("pretrain", "-c", "tiny", "--batch", "YOUR-CLUSTER")
-    assert real.rc == 2 and real.err_lines == [
-        "error: run.container_image: no container image is set, so the job would run `python` from the compute "
-        "nodes' PATH; set container_image = \"IMAGE\" in [YOUR-CLUSTER] of env.toml (a .sqsh file or registry image "
-        "with this project's train extra), or container_image = \"\" to run without a container on purpose"], real.err
+    assert real.rc == 2 and len(real.err_lines) == 1, real.err
+    assert real.err_lines[0].startswith("error: run.container_image: no container image is set and the training "
+                                        f"image is not built for profile 'YOUR-CLUSTER' ({missing}"), real.err
+    assert real.err_lines[0].endswith("(a .sqsh file or registry image), or container_image = \"\" to run without a "
+                                      "container on purpose"), real.err
     write('\n[bare]\nextends = "YOUR-CLUSTER"\ncontainer_image = ""\n')
     bare = cli_here("pretrain", "-c", "tiny", "--run", "bare", "--dry-run")
     assert bare.rc == 0 and "run.container_image" not in bare.out.split("== values")[0], bare.out[:2000]

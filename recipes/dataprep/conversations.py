@@ -26,7 +26,7 @@ import numpy as np
 
 from . import chat
 from .inputs import PARQUET, BadRecords, lines, open_binary, row_groups, too_long
-from .shards import tmp_name
+from .files import tmp_name
 
 BATCH = 256  # conversations per encode_batch call
 # kinds of bad records counted here: invalid_json, bad_utf8 (read); missing_field, bad_messages, no_assistant

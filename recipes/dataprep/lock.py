@@ -35,9 +35,10 @@ def _holder(path: str) -> dict | None:
 
 
 @contextmanager
-def holding(out: str, job: str | None) -> Iterator[None]:
-    """Hold `out`'s lock while the block writes there; the directories made for it go again if left empty."""
-    from .shards import missing_dirs
+def holding(out: str, job: str | None, instead: str = "or choose another output_dir") -> Iterator[None]:
+    """Hold `out`'s lock while the block writes there; the directories made for it go again if left empty.
+    `instead`: what else the refused run may do."""
+    from .files import missing_dirs
 
     made = missing_dirs(out)
     try:
@@ -45,7 +46,7 @@ def holding(out: str, job: str | None) -> Iterator[None]:
     except OSError as e:
         raise DataPrepError(f"output_dir {out} cannot be created ({e.strerror}); choose a writable directory") from None
     try:
-        with _locked(out, job):
+        with _locked(out, job, instead):
             yield
     finally:
         for path in made:  # deepest first
@@ -56,7 +57,7 @@ def holding(out: str, job: str | None) -> Iterator[None]:
 
 
 @contextmanager
-def _locked(out: str, job: str | None) -> Iterator[None]:
+def _locked(out: str, job: str | None, instead: str) -> Iterator[None]:
     path = os.path.join(out, LOCK)
     me = {"job": job or "a run without a job id", "host": socket.gethostname(), "pid": os.getpid(),
           "since": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -74,7 +75,7 @@ def _locked(out: str, job: str | None) -> Iterator[None]:
                 continue
             raise DataPrepError(f"{out} is being written by {held.get('job')} (pid {held.get('pid')} on "
                                 f"{held.get('host')}, since {held.get('since')}); wait for it or cancel it "
-                                f"(nemotron jobs cancel {held.get('job')}), or choose another output_dir; remove "
+                                f"(nemotron jobs cancel {held.get('job')}), {instead}; remove "
                                 f"{path} only if that run is gone") from None
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(me, f)

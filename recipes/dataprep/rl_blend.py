@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from . import rl_records as records
 from .errors import BadRecordError, DataPrepError
 from .inputs import BadRecords, lines, open_binary, over
-from .shards import TMP_MARK, fsync_dir, tmp_name, write_json
+from .files import TMP_MARK, fsync_dir, tmp_name, write_json
 
 FORMAT = "ultra3-rl-jsonl/1"
 SPLITS = ("train", "val")

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 
-from . import shards
+from . import files
 from . import sft_output as out_
 from .errors import DataPrepError
 from .settings import Run
@@ -51,7 +51,7 @@ def publish(settings: Settings, staging: str, metadata: dict, mb_metadata: list)
     meta = os.path.join(out, "metadata.json")
     if os.path.exists(meta):
         os.unlink(meta)
-        shards.fsync_dir(out)
+        files.fsync_dir(out)
     for name in (*out_.SPLITS, "packing_metadata.json"):
         target = os.path.join(out, name)
         if os.path.isdir(target):
@@ -62,5 +62,5 @@ def publish(settings: Settings, staging: str, metadata: dict, mb_metadata: list)
         src = os.path.join(staging, split)
         if os.path.isdir(src):
             os.replace(src, os.path.join(out, split))
-    shards.write_json(os.path.join(out, "packing_metadata.json"), mb_metadata)
-    shards.write_json(meta, metadata)
+    files.write_json(os.path.join(out, "packing_metadata.json"), mb_metadata)
+    files.write_json(meta, metadata)

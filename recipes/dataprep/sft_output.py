@@ -30,7 +30,7 @@ import numpy as np
 from . import packed_parquet as pp
 from .conversations import load_part
 from .packing import Packing, best_fit_decreasing
-from .shards import sha256_file, tmp_name
+from .files import sha256_file, tmp_name
 
 SPLITS = ("train", "valid", "test")
 SHARD_NAME = "shard_{:06d}.parquet"

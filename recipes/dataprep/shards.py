@@ -27,7 +27,6 @@ import json
 import os
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -35,12 +34,12 @@ import numpy as np
 
 from . import encoders
 from .indexed import IndexedWriter
+from .files import TMP_MARK, fsync_dir, sha256_file, tmp_name, write_json
 from .inputs import BadRecords, read_texts
 
 FORMAT = "ultra3-binidx/1"
 SHARD_NAME = "shard_{:06d}"
 SHARD_FILE = re.compile(r"^shard_(\d{6})\.(bin|idx|json)$")
-TMP_MARK = ".tmp-"
 PROGRESS_EVERY_S = 1.0
 
 
@@ -106,57 +105,6 @@ def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict]
     return tasks
 
 
-# ---- files ---------------------------------------------------------------------------------------------
-
-def tmp_name(path: str) -> str:
-    return f"{path}{TMP_MARK}{uuid.uuid4().hex[:12]}"
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file and a rename: readers see the old or the new file."""
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def missing_dirs(path: str) -> list[str]:
-    """`path` and its missing parents, deepest first."""
-    missing = []
-    while path and not os.path.exists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
-
-
-def write_json(path: str, obj) -> None:
-    write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
-
-
 def receipt_path(task: ShardTask) -> str:
     return task.prefix + ".json"
 
@@ -183,14 +131,6 @@ def read_receipt(task: ShardTask, verify: str = "size") -> dict | None:
         if verify == "checksum" and sha256_file(f"{task.prefix}.{ext}") != want.get("sha256"):
             return None
     return receipt
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def clean_dataset_dir(directory: str, shards: int) -> list[str]:

@@ -73,7 +73,8 @@ class StageCommand(TyperCommand):
         from .profiles import profile_names
 
         path, profiles = profile_names(_env_file_arg(sys.argv[1:]))
-        lines = ["\b", f"Configs (-c): {', '.join(config_names(self.stage.config_dir))}"]
+        by = "-c, or the first word" if self.stage.named_configs else "-c"
+        lines = ["\b", f"Configs ({by}): {', '.join(config_names(self.stage.config_dir))}"]
         lines.append(f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
                      f"{f' in {path}' if path else ' (no env.toml found)'}")
         shown = dict.fromkeys(t for e in self.stage.examples for t in e.split()[1:] if "=" in t and t[0] != "-")
@@ -96,15 +97,22 @@ class StageCommand(TyperCommand):
 def _stage_command(stage: Stage):
     def command(
         ctx: typer.Context,
-        overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", show_default=False),
+        overrides: Optional[List[str]] = typer.Argument(
+            None, metavar="[CONFIG] [KEY=VALUE]..." if stage.named_configs else "[KEY=VALUE]...", show_default=False),
         **options,
     ) -> None:
         from .run_stage import run_stage
 
+        overrides = list(overrides or [])
+        if stage.named_configs and overrides and "=" not in overrides[0]:  # `container build data`: -c data
+            word = overrides.pop(0)
+            if options["config"] not in (None, word):
+                raise cx.UsageError(f"'{word}' and -c {options['config']} both name the config; give one")
+            options["config"] = word
         # a stage flag is its config key set on the command line, after the overrides
         values = {f.key: options.pop(f.key) for f in stage.flags}
         given = [f"{key}={str(v).lower()}" for key, v in values.items() if v is not None and v is not False]  # 0 too
-        run_stage(stage, _merge_group_options(ctx, options), [*(overrides or []), *given])
+        run_stage(stage, _merge_group_options(ctx, options), [*overrides, *given])
 
     command.__doc__ = stage.summary
     return _with_shared_options(command, stage.flags)
@@ -124,7 +132,7 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
 
 @_with_shared_options
 def _group_callback(ctx: typer.Context, **options) -> None:
-    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep and quantize stages, and pipes of them.
+    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep, quantize and container image stages, and pipes of them.
 
     \b
     Examples:

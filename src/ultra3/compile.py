@@ -7,15 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from . import artifacts, executors, leaks
+from . import artifacts, executors, images, leaks
 from . import schema as schemas
 from .artifacts import Source
 from .contract import NAME
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .errors import InvalidConfig, UserError
+from .executors.commands import ssh_of
 from .findings import Report
 from .gpus import visible_gpu_count
 from .nvidia_keys import read_as_ours
+from .nvidia_profile import BUILD
 from .profiles import Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
 from .stages import Stage
@@ -101,7 +103,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
         if options.profile_name else None
     executor = profile.executor if profile else "local"
     if profile:
-        layers.append(_profile_layer(stage, profile, layers, report))
+        layers += _profile_layers(stage, profile, layers, report)
     if options.pipe_layer:
         layers.append(options.pipe_layer)
     layers.append(parse_overrides(options.overrides))
@@ -161,8 +163,9 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     for key, value in settle_precision(config, origin, report).items():  # TE env vars, FP32 grad reduction
         flat[key] = value
         artifacts.put(config, key, value)
+    images.choose(stage.image, config, flat, origin, profile, executors.executor(executor).asks_image,
+                  options.dry_run, report)
     executors.executor(executor).check(stage, config["run"], profile, report)
-    _image_chosen(executor, profile, origin, options.dry_run, report)
     job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
     _settle_inputs(job)
     if validator := stage.validate():
@@ -170,32 +173,26 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     return job
 
 
-def _image_chosen(executor: str, profile: Profile | None, origin: dict[str, str], dry_run: bool,
-                  report: Report) -> None:
-    """A job on other machines names its container image, or "" for none (the nodes' own `python`): unset, a
-    submission is refused; a dry run (NVIDIA's quick start checks its profile with one) shows the job and warns."""
-    if not executors.executor(executor).asks_image or "run.container_image" in origin:
-        return
-    where = f"[{profile.name}] of {profile.file.name}" if profile else "the profile"
-    message = (f"no container image is set, so the job would run `python` from the compute nodes' PATH; set "
-               f"container_image = \"IMAGE\" in {where} (a .sqsh file or registry image with this project's train "
-               "extra), or container_image = \"\" to run without a container on purpose")
-    (report.warn if dry_run else report.error)("run.container_image", message + ("; submitting refuses this" if
-                                                                                 dry_run else ""))
-
-
-def _profile_layer(stage: Stage, profile: Profile, below: list[Layer], report: Report) -> Layer:
+def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: Report) -> list[Layer]:
     """The profile's values as a layer: its run.* and cluster.* keys, and the stage keys it sets that this stage
-    has (RL's sandbox, [wandb]). A stage config that sizes its own job (run.nodes) keeps it: the profile's
-    `nodes` sizes only the configs that do not (as in NVIDIA's CLI)."""
+    has (RL's sandbox, [wandb]); then NVIDIA's build_* keys the stage reads (image builds), above them. A stage
+    config that sizes its own job (run.nodes) keeps it: the profile's `nodes` sizes only the configs that do
+    not (as in NVIDIA's CLI)."""
     values = {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v for k, v in flatten(profile.values).items()}
     sized = next((layer.source for layer in reversed(below) if "run.nodes" in layer.values), None)
     if sized and "run.nodes" in values:
         report.note("run.nodes", f"{values.pop('run.nodes')} from {profile.source} is not used: {sized} sizes "
                                  "this job (run.nodes=N on the command line overrides it)")
     values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema, k)})
+    reads, build = dict(stage.profile_keys), {}
+    for key in [k for k in BUILD if k in profile.stage_values]:
+        if key in reads:
+            build[reads[key]] = profile.stage_values[key]
+        else:
+            report.note(f"{profile.file.name} [{profile.name}] {key}", "not used: the build job runs podman on the "
+                        "node itself, without GPUs" if reads else "read by image builds only; not used here")
     report.findings += profile.notes + profile.errors
-    return Layer(profile.source, values)
+    return [Layer(profile.source, values), *([Layer(f"{profile.source}, its build_* keys", build)] if build else [])]
 
 
 def _wire(stage: Stage, options: Options, flat: dict[str, Any], origin: dict[str, str]) -> None:
@@ -262,9 +259,7 @@ def artifact_store(job: Job) -> artifacts.Store:
     """The profile's store: env.toml's [artifacts] manifest.root, else beside the job dirs."""
     root = (job.profile.artifacts_root if job.profile else None) or \
         executors.executor(job.executor).artifacts_root(job)
-    run = job.config["run"]
-    ssh = {k: run.get(k) for k in ("host", "user", "port", "identity")} if run.get("host") else None
-    return artifacts.Store(root, ssh)
+    return artifacts.Store(root, ssh_of(job.config["run"]))
 
 
 def _set_by_user(key: str, origin: dict[str, str]) -> bool:

@@ -95,6 +95,16 @@ def training(config: dict, measured: list[dict]) -> Estimate:
     return Estimate(stage, gpu_s / gpus / 3600, gpu_s / 3600, None, basis)
 
 
+def image_build(config: dict, measured: list[dict]) -> Estimate:
+    """An image build: one node's CPUs, dominated by pulling the base and installing packages, which no model
+    predicts: known from a completed build of the same config."""
+    stage = _stage(config)
+    if found := _from_measured(stage, measured, None, None, 0):
+        return found
+    return _unknown(stage, f"no completed build of this config yet; it runs up to its time limit "
+                           f"({get(config, 'run.time')})")
+
+
 def quantize(config: dict, measured: list[dict]) -> Estimate:
     """Post-training quantization: calibration forward passes (2 FLOPs per active param per token) plus the
     checkpoint's read and export."""

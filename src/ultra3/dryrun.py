@@ -59,6 +59,8 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
             out.write(f"{inp.key}: not needed ({why})\n")
     for made in job.config["job"]["produces"]:
         out.write(f"produces {made['name']} ({made['kind']}) at {made['path']}\n")
+    if not job.stage.inputs and not job.config["job"]["produces"]:
+        out.write("(none)\n")
 
     _section(out, "compiled config")
     config = {"run": job.config["run"], **{k: v for k, v in job.config.items() if k != "run"}}

@@ -15,6 +15,7 @@ class GpuType:
     compute_capability: tuple[int, int]
     memory_gb: float  # usable HBM per GPU
     nvlink_domain: int  # GPUs that share one NVLink domain
+    platform: str = "linux/amd64"  # of its nodes' CPUs (Grace: linux/arm64)
 
     @property
     def supports_nvfp4(self) -> bool:
@@ -27,8 +28,8 @@ GPU_TYPES: dict[str, GpuType] = {
         GpuType("h100", (9, 0), 80, 8),
         GpuType("h200", (9, 0), 141, 8),
         GpuType("b200", (10, 0), 180, 8),
-        GpuType("gb200", (10, 0), 186, 72),
-        GpuType("gb300", (10, 3), 288, 72),
+        GpuType("gb200", (10, 0), 186, 72, "linux/arm64"),
+        GpuType("gb300", (10, 3), 288, 72, "linux/arm64"),
     )
 }
 

@@ -13,7 +13,8 @@ from .findings import Report
 
 # key -> our key, same meaning
 RENAMED = {"container": "container_image", "env_vars": "env", "setup_lines": "setup", "remote_job_dir": "job_dir"}
-# keys that configure image builds, which no stage job reads
+# keys that configure image builds: the stage that builds images reads some (stage.profile_keys), the others
+# get a note
 BUILD = ("build_partition", "build_time", "build_image", "build_cache_dir", "build_registry", "build_include_gpus",
          "build_gpus_per_node")
 # keys whose meaning does not carry over: what to write instead
@@ -66,8 +67,7 @@ def translate(values: dict[str, Any], flag: str, report: Report) -> dict[str, An
                                                              else [])]
         report.note("lustre_mount", f"{mount!r} added to mounts")
     for key in [k for k in values if k in BUILD]:
-        values.pop(key)
-        report.note(key, "configures image builds, which no stage job reads; ignored here")
+        stage[key] = values.pop(key)
     for key, fix in REFUSED.items():
         if key in values:
             values.pop(key)

@@ -18,6 +18,9 @@ def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
 
         print_dry_run(job)
         return
+    if (done := stage.done_hook()) and (why := done(job)):  # up to date: nothing to submit
+        print(why)
+        return
     from .launch import launch
 
     launch(job)

@@ -75,6 +75,23 @@ class EnvTable:
 
 ENV = EnvTable()
 
+
+class ImagesTable:
+    """A profile's overrides of the image kinds' pins and build settings: {kind: {key: value}} (a site that
+    mirrors the base images); checked against CONTAINER's types."""
+
+    KEYS = ("base", "args", "platform", "registry", "storage_driver", "storage_root", "isolation")
+    what = (f"a table per image kind (training, rl, data) of {', '.join(KEYS)}")
+
+    def __call__(self, value: object) -> bool:
+        return isinstance(value, dict) and all(
+            kind in ("training", "rl", "data") and isinstance(keys, dict)
+            and all(k in self.KEYS and matches(v, CONTAINER[k]) for k, v in keys.items())
+            for kind, keys in value.items())
+
+
+IMAGES = ImagesTable()
+
 # The job's shape and executor settings: the `run` section of every stage, fed by the stage config,
 # the env.toml profile and the command line. The tuple lists which executors read the key.
 RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
@@ -84,7 +101,8 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "env": (ENV, ("local", "slurm", "ray")),
     "setup": (list[str], ("local", "slurm")),
     "time": (SLURM_TIME, ("slurm",)),
-    "container_image": (str, ("slurm",)),
+    "container_image": (str, ("slurm",)),  # a .sqsh, an image reference, "" for none, or an image kind
+    "images": (IMAGES, ("slurm", "local")),  # per image kind, the pins a profile overrides
     "mounts": (list[str], ("slurm",)),
     "account": (str, ("slurm",)),
     "partition": (str, ("slurm",)),
@@ -196,6 +214,24 @@ DATA_PREP_RL: Schema = {
     "placeholders": {"dapo": _PLACEHOLDER_SOURCE, "skywork": _PLACEHOLDER_SOURCE},  # unset: their rows dropped
 }
 
+# an image reference podman pulls (registry/name:tag@digest) or a local one (localhost/name:tag)
+IMAGE_REF = Text(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", "an image reference such as nvcr.io/nvidia/nemo:26.04.01")
+
+CONTAINER: Schema = {
+    "run": None,
+    "kind": Text(r"training|rl|data", "training, rl or data"),
+    "base": IMAGE_REF,
+    "containerfile": Text(r"[A-Za-z0-9._-]+", "a Containerfile's name, beside the config file"),
+    "args": ENV,  # the Containerfile's build args: ARG names
+    "platform": Text(r"auto|linux/(amd64|arm64)", "auto, linux/amd64 or linux/arm64"),
+    "cache_dir": str,
+    "registry": Text(r"[A-Za-z0-9][A-Za-z0-9._/:-]*", "a registry and namespace such as registry.example.com/team"),
+    "storage_driver": Text(r"overlay|vfs|btrfs|zfs", "overlay, vfs, btrfs or zfs"),
+    "storage_root": str,
+    "isolation": Text(r"chroot|oci|rootless", "chroot, oci or rootless"),
+    "force": bool,
+}
+
 _LAYOUT: Schema = {k: int for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                     "expert_model_parallel_size")}
 
@@ -224,7 +260,7 @@ def type_name(t: Any) -> str:
         return "a list of tables"
     if isinstance(t, tuple):
         return " or ".join(type_name(x) for x in t)
-    if isinstance(t, (Text, Count)):
+    if isinstance(t, (Text, Count, ImagesTable)):
         return t.what
     if isinstance(t, EnvTable):
         return "a table of environment variables (string values)"
@@ -245,7 +281,7 @@ def matches(value: Any, t: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if t is str:
         return isinstance(value, str)
-    if isinstance(t, (Text, EnvTable, Count)):
+    if isinstance(t, (Text, EnvTable, Count, ImagesTable)):
         return t(value)
     if t is dict:
         return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
@@ -295,8 +331,8 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
                 check(item, t[0], report, origin, f"{path}[{i}].")
         elif isinstance(t, EnvTable) and isinstance(value, dict) and t.bad_names(value):
             for name in t.bad_names(value):
-                report.error(f"{path}.{name}", f"not an environment variable name{where}; use letters, digits and "
-                                               "'_', not starting with a digit")
+                report.error(f"{path}.{name}", f"not an environment variable name{_where(f'{path}.{name}', origin)}; "
+                                               "use letters, digits and '_', not starting with a digit")
         elif not matches(value, t):
             report.error(path, f"must be {_bounded(value, t) or type_name(t)}, got {value!r}{where}")
 

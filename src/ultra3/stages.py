@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from .schema import DATA_PREP_PRETRAIN, DATA_PREP_RL, DATA_PREP_SFT, QUANTIZE, RL, TEACHER_ROLES, TRAINING
+from .schema import CONTAINER, DATA_PREP_PRETRAIN, DATA_PREP_RL, DATA_PREP_SFT, QUANTIZE, RL, TEACHER_ROLES, TRAINING
 
-Launch = Literal["torchrun", "ray"]
+Launch = Literal["torchrun", "ray", "process"]
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,11 @@ class Output:
     file: str = ""
 
 
-TRAINING_CHECKS = ("python_version", "training_packages", "gpus", "inputs")
+TRAINING_CHECKS = ("python_version", "image", "training_packages", "gpus", "inputs")
 # RL: NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
-RL_CHECKS = ("python_version", "shared_dir", "nemo_rl", "gpus", "inputs")
+RL_CHECKS = ("python_version", "image", "shared_dir", "nemo_rl", "gpus", "inputs")
 RL_DATA = Input("data", "data.dir", ("rl-data",), same_config=False)
-DATA_PREP_CHECKS = ("python_version", "data_prep_packages", "data_prep_inputs")
+DATA_PREP_CHECKS = ("python_version", "image", "data_prep_packages", "data_prep_inputs")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ class Stage:
     summary: str
     config_dir: str  # under configs/
     recipe: str  # the runtime module under recipes/ (`python -m recipes.<recipe>`), run inside the job
-    launch: Launch  # torchrun over the GPUs of each node (one rank: the script itself), or a Ray cluster
+    launch: Launch  # torchrun over the GPUs of each node (one rank: the script itself), a Ray cluster, or the
+    # recipe as one process
     schema: dict  # the typed schema of its config (ultra3.schema)
     validator: str | None = None  # dotted path of a `(cfg, report) -> None` run after the schema
     examples: tuple[str, ...] = ()
@@ -84,6 +85,10 @@ class Stage:
     cost: str | None = None  # dotted path of the `(config, measured) -> cost.Estimate` model of its work
     settle: str | None = None  # dotted path of a `(job) -> None` deriving keys once the inputs are known
     outputs_by: str | None = None  # the key naming job.outputs (an experiment that resumes), else the digest
+    image: str | None = "training"  # the image kind its jobs run in (images.py); None: on the node itself
+    named_configs: bool = False  # a bare word after the command names its config (`container build data`)
+    profile_keys: tuple[tuple[str, str], ...] = ()  # NVIDIA's build_* profile keys it reads, and as which key
+    done: str | None = None  # dotted path of `(job) -> str | None`: why submitting is not needed (up to date)
 
     @property
     def name(self) -> str:
@@ -102,6 +107,9 @@ class Stage:
     def settle_hook(self) -> Callable | None:
         return _load(self.settle)
 
+    def done_hook(self) -> Callable | None:
+        return _load(self.done)
+
 
 def _load(dotted: str | None) -> Callable | None:
     if not dotted:
@@ -116,7 +124,7 @@ def data_prep_stage(kind: str, summary: str, schema: dict, output: Output, examp
     """A data prep: CPUs only, on Ray (embedded, over the allocation, or an existing cluster)."""
     return Stage(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", schema,
                  "ultra3.validation.data_prep.validate_data_prep", examples=examples, flags=DATA_PREP_FLAGS,
-                 outputs=(output,), checks=DATA_PREP_CHECKS, cost="ultra3.cost_data_prep.data_prep")
+                 outputs=(output,), checks=DATA_PREP_CHECKS, cost="ultra3.cost_data_prep.data_prep", image="data")
 
 
 def rl_stage(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> Stage:
@@ -124,7 +132,7 @@ def rl_stage(step: str, summary: str, inputs: tuple[Input, ...], output: str, ex
     checkpoints an experiment's, its output the final policy in Hugging Face format."""
     return Stage(("rl", step), summary, f"rl/{step}", "rl", "ray", RL, "ultra3.validation.rl.validate_rl",
                  examples=examples, inputs=inputs, outputs=(Output(output, "output_dir"),), checks=RL_CHECKS,
-                 cost="ultra3.cost.rl", settle="ultra3.nemo_rl_config.settle", outputs_by="experiment")
+                 cost="ultra3.cost.rl", settle="ultra3.nemo_rl_config.settle", outputs_by="experiment", image="rl")
 
 
 STAGES: tuple[Stage, ...] = (
@@ -175,7 +183,7 @@ STAGES: tuple[Stage, ...] = (
                       unless="make_checkpoint"),
                 Input("calibration", "calibration.path", ("sft-data",), required=False)),
         outputs=(Output("quantized-checkpoint", "output_dir"),),
-        checks=("python_version", "quantize_packages", "gpus", "inputs"), cost="ultra3.cost.quantize",
+        checks=("python_version", "image", "quantize_packages", "gpus", "inputs"), cost="ultra3.cost.quantize",
         examples=("ultra3 quantize -c tiny", "ultra3 quantize -c tiny --dry-run",
                   "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 output_dir=/lustre/ckpt/ultra-nvfp4",
                   "ultra3 quantize --batch mycluster bf16_checkpoint=null output_dir=/lustre/ckpt/ultra-nvfp4"),
@@ -198,6 +206,18 @@ STAGES: tuple[Stage, ...] = (
                 for role in TEACHER_ROLES[1:])), "mopd-policy",
              ("ultra3 rl mopd --batch gb200 --dry-run",
               "ultra3 rl mopd --batch gb200 teachers.swe=/lustre/ckpt/swe-teacher")),
+    Stage(
+        ("container", "build"), "Build an image kind (training, rl, data) with podman into an enroot .sqsh named "
+        "by its digest.", "container", "container_build", "process", CONTAINER,
+        "ultra3.validation.container.validate_container", checks=("python_version", "build_tools"),
+        settle="ultra3.images.settle", done="ultra3.images.built_already", image=None, named_configs=True,
+        cost="ultra3.cost.image_build",
+        profile_keys=(("build_partition", "run.partition"), ("build_time", "run.time"),
+                      ("build_cache_dir", "cache_dir"), ("build_registry", "registry")),
+        examples=("ultra3 container build training --batch mycluster --dry-run",
+                  "ultra3 container build data --batch mycluster",
+                  "ultra3 container build rl --run gb200 force=true"),
+    ),
 )
 
 

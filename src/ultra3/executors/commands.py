@@ -27,3 +27,8 @@ def ssh_argv(ssh: dict) -> list[str]:
     if ssh.get("identity"):
         argv += ["-i", os.path.expanduser(ssh["identity"])]
     return argv + [f"{ssh['user']}@{ssh['host']}" if ssh.get("user") else ssh["host"]]
+
+
+def ssh_of(run: dict) -> dict | None:
+    """The SSH settings of a job's `run` table, None for the login node itself."""
+    return {k: run.get(k) for k in ("host", "user", "port", "identity")} if run.get("host") else None

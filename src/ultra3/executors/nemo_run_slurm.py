@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..contract import CONFIG_FILE, ENTRY_MODULE
 from ..launch.jobdir import write_code_dir
+from .commands import ssh_of
 from ..launch.plan import SlurmSpec, slurm_spec
 from ..paths import nemorun_home
 from .sbatch import chain_parameters
@@ -39,10 +40,7 @@ def experiment_dir(job: Job, job_id: str) -> str:
 
 
 def ssh_settings(job: Job) -> dict | None:
-    run = job.config["run"]
-    if not run.get("host"):
-        return None
-    return {k: run.get(k) for k in ("host", "user", "port", "identity")}
+    return ssh_of(job.config["run"])
 
 
 def _import_nemo_run(home: str):
