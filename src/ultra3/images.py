@@ -15,7 +15,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .config import CLI_SOURCE, find_config, flatten, load_layers, merge, resolve, unflatten
-from .contract import IMAGE_ID
 from .executors.commands import run, ssh_of
 from .gpus import GPU_TYPES
 from .paths import CONFIGS_DIR, nemorun_home
@@ -144,11 +143,6 @@ def build_script(config: dict, image: Image) -> str:
         "fi",
     ]
     return "\n".join(lines) + "\n"
-
-
-def identity_file(image: Image) -> dict[str, str]:
-    """What the image holds at contract.IMAGE_ID, for the in-job preflight."""
-    return {"path": IMAGE_ID, "kind": image.kind, "digest": image.digest}
 
 
 def read_manifest(image: Image, ssh: dict | None) -> dict[str, Any] | None:
