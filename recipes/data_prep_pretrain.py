@@ -59,10 +59,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .dataprep import blend, encoders, files, inputs, lock, progress, shards
+from .dataprep import blend, encoders, inputs, lock, progress, shards
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster, where
 from .dataprep.errors import BadRecordError, DataPrepError
+from .dataprep.files import write_json
 from .dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,
                                 resolve_files, str_value)
 
@@ -279,8 +280,8 @@ def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: di
                    "bad": totals_bad.to_json()["counts"]},
         "datasets": datasets,
     }
-    files.write_json(os.path.join(out, "blend.json"), blend_obj)
-    files.write_json(os.path.join(out, "manifest.json"), manifest)
+    write_json(os.path.join(out, "blend.json"), blend_obj)
+    write_json(os.path.join(out, "manifest.json"), manifest)
     return manifest
 
 
@@ -334,7 +335,7 @@ def run(config_path: str) -> int:
         tasks = [t for name in plan for t in plan[name]]
         # nothing has been written up to here; from here on, only under `out`
         os.makedirs(out, exist_ok=True)
-        files.write_json(os.path.join(out, "plan.json"), {
+        write_json(os.path.join(out, "plan.json"), {
             "format": shards.FORMAT,
             "sources": [{**s, "path": inputs.shown(s["path"])} for d in settings.datasets for s in sources[d.name]],
             "shards": [{"dataset": t.dataset, "index": t.index, "records": t.records, "plan_hash": t.plan_hash,

@@ -57,12 +57,12 @@ import time
 from .dataprep import hub, inputs, lock
 from .dataprep.cluster import Cluster, run_ordered, where
 from .dataprep.errors import DataPrepError
+from .dataprep.files import fsync_dir, write_json
 from .dataprep.progress import table
 from .dataprep.rl_blend import FORMAT, SPLITS, BlendTask, finished, prepare_blend
 from .dataprep.rl_settings import PROG, SOURCES, Settings, parse_settings
 from .dataprep.settings import cli, load_config
 from .dataprep.sft_outdir import prepare_output
-from .dataprep.shards import fsync_dir, write_json
 
 STAGING = ".staging-rl"  # where a run prepares its blends before they are moved in; a later run resumes it
 JSONL_SUFFIXES = tuple(e for e in inputs.EXTENSIONS if e != ".parquet")

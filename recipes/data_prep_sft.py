@@ -66,10 +66,10 @@ from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster, run_ordered, where
 from .dataprep.errors import DataPrepError
+from .dataprep.files import missing_dirs
 from .dataprep.sft_outdir import FORMAT, STAGING, prepare_output, publish
 from .dataprep.sft_report import split_stats, summary
 from .dataprep.sft_settings import PROG, Settings, parse_settings
-from .dataprep.shards import missing_dirs
 from .dataprep.settings import cli, load_config, resolve_files
 
 PART_RECORDS = (256, 20000)  # records per tokenize task: at least, at most

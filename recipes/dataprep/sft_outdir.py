@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 
-from . import files
+from .files import fsync_dir, write_json
 from . import sft_output as out_
 from .errors import DataPrepError
 from .settings import Run
@@ -51,7 +51,7 @@ def publish(settings: Settings, staging: str, metadata: dict, mb_metadata: list)
     meta = os.path.join(out, "metadata.json")
     if os.path.exists(meta):
         os.unlink(meta)
-        files.fsync_dir(out)
+        fsync_dir(out)
     for name in (*out_.SPLITS, "packing_metadata.json"):
         target = os.path.join(out, name)
         if os.path.isdir(target):
@@ -62,5 +62,5 @@ def publish(settings: Settings, staging: str, metadata: dict, mb_metadata: list)
         src = os.path.join(staging, split)
         if os.path.isdir(src):
             os.replace(src, os.path.join(out, split))
-    files.write_json(os.path.join(out, "packing_metadata.json"), mb_metadata)
-    files.write_json(meta, metadata)
+    write_json(os.path.join(out, "packing_metadata.json"), mb_metadata)
+    write_json(meta, metadata)
