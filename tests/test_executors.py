@@ -50,7 +50,7 @@ def nemo_run_here(home, monkeypatch):
 @pytest.mark.slurm
 def test_a_job_after_a_failing_one_is_cancelled_by_slurm_and_says_why(slurm, cli, home, nemo_run_here):
     slurm_ex = executor("slurm")
-    first_job = pretrain_job(batch=add_profile("fails-soon", ["sleep 8", "exit 1"]))
+    first_job = pretrain_job(batch=add_profile("fails-soon", ["sleep 20", "exit 1"]))  # time to see the wait
     second_job = pretrain_job(batch="ci")
     first = slurm_ex.submit(first_job, new_job_id(first_job))
     submitted = [first.slurm_id]
@@ -70,7 +70,7 @@ def test_a_job_after_a_failing_one_is_cancelled_by_slurm_and_says_why(slurm, cli
         assert f"#SBATCH --dependency=afterok:{first.slurm_id}\n" in script
         assert "#SBATCH --kill-on-invalid-dep=yes\n" in script
 
-        waiting = wait_for(lambda: (st := jobs.state(second)).reason.startswith("waiting") and st, timeout=8)
+        waiting = wait_for(lambda: (st := jobs.state(second)).reason.startswith("waiting") and st, timeout=15)
         assert waiting and waiting.state == "PENDING", jobs.state(second)
         assert waiting.reason in (f"waiting for upstream {first.id} PENDING",
                                   f"waiting for upstream {first.id} RUNNING"), waiting

@@ -70,6 +70,14 @@ def containerfile_path(config: dict, config_path: Path) -> Path:
     return (here if here.is_file() else CONFIGS_DIR / CONFIG_DIR / name).resolve()
 
 
+def shown(path: Path) -> str:
+    """A shipped file as configs/..., any other by its own path."""
+    try:
+        return f"configs/{path.relative_to(CONFIGS_DIR.resolve()).as_posix()}"
+    except ValueError:
+        return str(path)
+
+
 def image_of(config: dict, containerfile: str, gpu: str | None) -> Image:
     """The image a resolved container config describes (its cache_dir already settled)."""
     platform = platform_of(config.get("platform"), gpu)
@@ -181,7 +189,7 @@ def settle(job) -> None:
     image = image_of({**cfg, "cache_dir": cache}, text, (cfg.get("cluster") or {}).get("gpu"))
     build = {"name": image.name, "kind": image.kind, "digest": image.digest, "platform": image.platform,
              "base": image.base, "args": {k: str(v) for k, v in (cfg.get("args") or {}).items()},
-             "path": image.path, "manifest": image.manifest, "containerfile_path": str(path), "containerfile": text,
+             "path": image.path, "manifest": image.manifest, "containerfile_path": shown(path), "containerfile": text,
              "script": build_script({**cfg, "cache_dir": cache}, image)}
     if not cfg.get("cache_dir"):
         job.origin["cache_dir"] = "the default: <job_dir or NEMORUN_HOME>/containers"
