@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -64,11 +65,49 @@ def _importable(module: str) -> str | None:
 
 
 def training_packages(cfg: dict) -> str | None:
-    missing = [f"{m} ({err})" for m in ("megatron.bridge", "transformer_engine") if (err := _importable(m))]
+    # mamba_ssm: Megatron-Core's Mamba layers need it whole (its package imports its selective-scan extension)
+    modules = ("megatron.bridge", "transformer_engine", "mamba_ssm")
+    missing = [f"{m} ({err})" for m in modules if (err := _importable(m))]
     if missing:
         return (f"not importable: {', '.join(missing)}; run inside the training container "
                 "(set container_image in the profile) or install the `train` extra")
     return None
+
+
+# Megatron settings that need a compiled kernel: key, its value in the Ultra recipes (Megatron-Bridge 0.6.x) when our
+# config leaves it unset, the value that needs the kernel, the module that holds it, what to set instead.
+KERNEL_SETTINGS = (
+    ("model.moe_token_dispatcher_type", "flex", "flex", "deep_ep", "DeepEP/HybridEP",
+     "model.moe_token_dispatcher_type=alltoall"),
+    ("model.gradient_accumulation_fusion", True, True, "fused_weight_gradient_mlp_cuda", "APEX's CUDA extensions",
+     "model.gradient_accumulation_fusion=false"),
+    ("model.use_mamba_mem_eff_path", True, True, "causal_conv1d_cuda", "causal-conv1d's CUDA extension",
+     "model.use_mamba_mem_eff_path=false (pretraining only)"),
+)
+
+
+def kernels(cfg: dict) -> str | None:
+    """Each setting that needs a compiled kernel, against what this Python has (found, not imported); packed SFT
+    needs Mamba's memory-efficient path. Nothing to say without Megatron-Bridge: training_packages says that."""
+    if importlib.util.find_spec("megatron.bridge") is None:
+        return None
+    model = cfg.get("model") or {}
+    problems = []
+    for key, recipe_value, needs, module, what, instead in KERNEL_SETTINGS:
+        value = model.get(key.split(".", 1)[1], recipe_value)
+        if value == needs and importlib.util.find_spec(module) is None:
+            problems.append(f"{key}={_shown(value)} needs {what} (module {module}), not installed in {sys.executable}; "
+                            f"set {instead}, or install it")
+    dataset = cfg.get("dataset") or {}
+    if (cfg.get("job") or {}).get("stage") == "sft" and not dataset.get("mock") and \
+            not model.get("use_mamba_mem_eff_path", True):
+        problems.append("model.use_mamba_mem_eff_path=false cannot train packed sequences (Megatron-Core asserts it); "
+                        "set it true (needs causal-conv1d's CUDA extension) or dataset.mock=true")
+    return "; ".join(problems) or None
+
+
+def _shown(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def quantize_packages(cfg: dict) -> str | None:
@@ -229,12 +268,12 @@ def _parents(path: str) -> list[str]:
     return parents
 
 
-CHECKS = {check.__name__: check for check in (python_version, image, training_packages, quantize_packages, gpus,
-                                              inputs, data_prep_packages, data_prep_inputs, shared_dir, nemo_rl,
+CHECKS = {check.__name__: check for check in (python_version, image, training_packages, kernels, quantize_packages,
+                                              gpus, inputs, data_prep_packages, data_prep_inputs, shared_dir, nemo_rl,
                                               build_tools)}
 # for a config without job.checks (written by an older launcher): the checks of its launch kind
 BY_LAUNCH = {
-    "torchrun": ("python_version", "training_packages", "gpus", "inputs"),
+    "torchrun": ("python_version", "training_packages", "kernels", "gpus", "inputs"),
     "ray": ("python_version", "data_prep_packages", "data_prep_inputs"),
 }
 GENERIC = ("python_version", "inputs")  # any other launch kind

@@ -321,7 +321,8 @@ def test_secret_names():
     for name in ("HF_TOKEN", "hf_token", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
                  "GOOGLE_APPLICATION_CREDENTIALS", "NGC_API_KEY"):
         assert SECRET_NAME.search(name), name
-    for name in ("tokenizer", "TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "HF_HOME", "output_dir"):
+    for name in ("tokenizer", "TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "HF_HOME", "output_dir",
+                 "model.moe_token_dispatcher_type", "model.moe_router_load_balancing_type"):
         assert not SECRET_NAME.search(name), name
 
 

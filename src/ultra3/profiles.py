@@ -27,7 +27,9 @@ SECRET_FIX = ("export {name} where you submit from (for SSH profiles: in the log
 RESERVED = ("artifacts", "wandb", "cli", "cache")  # settings tables, not profiles
 UNUSED_TABLES = {"cli": "NVIDIA's CLI colours its dry run with it; ultra3 prints plain text, so it is not read",
                  "cache": "NVIDIA's CLI keeps its git clones there; ultra3 clones nothing, so it is not read"}
-SECRET_NAME = re.compile(r"TOKEN(?!IZ)|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
+# a name that ends in a secret's word (HF_TOKEN, WANDB_API_KEY, logger.comet_api_key), not one that only holds it
+# (model.moe_token_dispatcher_type, TOKENIZERS_PARALLELISM)
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIALS?)$", re.I)
 
 
 @dataclass

@@ -60,7 +60,7 @@ class Output:
     file: str = ""
 
 
-TRAINING_CHECKS = ("python_version", "image", "training_packages", "gpus", "inputs")
+TRAINING_CHECKS = ("python_version", "image", "training_packages", "kernels", "gpus", "inputs")
 # RL: NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
 RL_CHECKS = ("python_version", "image", "shared_dir", "nemo_rl", "gpus", "inputs")
 RL_DATA = Input("data", "data.dir", ("rl-data",), same_config=False)

@@ -1,0 +1,141 @@
+"""Figures of the one-GPU training smoke tests (scripts/gpu/smoke.sh), from the logs it kept.
+
+    python benchmarks/gpu_smoke.py DIR [--plot loss.png]
+
+DIR holds what smoke.sh wrote: <step>.log for each step (pretrain, resume, sft, quantize),
+<step>.memory.csv (nvidia-smi's memory.used in MiB, sampled every 200 ms while the step ran) and
+versions.json (GPU, driver, Python packages). Prints, per training step: iterations, the loss of the first and
+last iteration and the lowest, the median step time (iterations after the first 3, which include compilation
+and warm-up), tokens/s (global batch x sequence length / step time), Megatron's own peak allocated memory, and
+the GPU's peak memory as nvidia-smi saw it; then the checkpoints saved and loaded. Writes DIR/results.json
+with every iteration's figures and, when matplotlib is there, the loss curves as a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+STEPS = ("pretrain", "resume", "sft", "quantize")
+ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|(.*)")
+FIELD = re.compile(r"\s*([^|:]+?):\s*([-+0-9.eE]+)\s*\|")
+MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(GB\)(.*)")
+SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to (\S+)")
+LOADED = re.compile(r"successfully loaded checkpoint from (\S+) .*at iteration (\d+)")
+VALIDATION = re.compile(r"validation loss at iteration (\d+).*?lm loss value: ([-+0-9.eE]+)")
+WARMUP = 3  # iterations left out of the step time: the first ones compile kernels
+
+
+def parse(text: str) -> dict:
+    iterations, memory, saved, loaded, validation = [], {}, [], [], []
+    for line in text.splitlines():
+        if match := ITERATION.search(line):
+            fields = {k.strip(): float(v) for k, v in FIELD.findall(match.group(3) + "|")}
+            iterations.append({"iteration": int(match.group(1)), "of": int(match.group(2)), **fields})
+        elif match := MEMORY.search(line):
+            memory = {k.strip(): float(v) for k, v in FIELD.findall(match.group(2) + "|")}
+        elif match := SAVED.search(line):
+            saved.append({"iteration": int(match.group(1)), "dir": match.group(2)})
+        elif match := LOADED.search(line):
+            loaded.append({"dir": match.group(1), "iteration": int(match.group(2))})
+        elif match := VALIDATION.search(line):
+            validation.append({"iteration": int(match.group(1)), "lm loss": float(match.group(2))})
+    return {"iterations": iterations, "memory_gb": memory, "saved": saved, "loaded": loaded, "validation": validation}
+
+
+def peak_mib(path: Path) -> float | None:
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        values = [float(row[-1]) for row in csv.reader(f) if row and row[-1].strip().replace(".", "", 1).isdigit()]
+    return max(values) if values else None
+
+
+def summary(step: dict, seq_length: int) -> dict:
+    its = step["iterations"]
+    if not its:
+        return {}
+    times = [it["elapsed time per iteration (ms)"] for it in its[WARMUP:] or its]
+    losses = [it["lm loss"] for it in its if "lm loss" in it]
+    ms = statistics.median(times)
+    batch = its[-1].get("global batch size", 0)
+    return {"iterations": f"{its[0]['iteration']}-{its[-1]['iteration']}", "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
+            "step_ms": ms, "tokens_per_s": batch * seq_length / (ms / 1000) if ms else None,
+            "peak_allocated_gb": step["memory_gb"].get("peak_allocated_mem")}
+
+
+def plot(steps: dict, path: Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, step in steps.items():
+        points = [(it["iteration"], it["lm loss"]) for it in step["iterations"] if "lm loss" in it]
+        if points:
+            ax.plot(*zip(*points), marker=".", label=name)
+        for v in step["validation"]:
+            ax.scatter([v["iteration"]], [v["lm loss"]], marker="x", color="black")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("lm loss")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--seq-length", type=int, default=512, help="the tiny configs' sequence and pack length")
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    versions = json.loads((args.dir / "versions.json").read_text()) if (args.dir / "versions.json").is_file() else {}
+    steps = {name: parse((args.dir / f"{name}.log").read_text(errors="replace"))
+             for name in STEPS if (args.dir / f"{name}.log").is_file()}
+    if not steps:
+        print(f"gpu_smoke: no <step>.log in {args.dir}", file=sys.stderr)
+        return 2
+    rows = {}
+    print(f"GPU: {versions.get('gpu', '?')}; " + ", ".join(f"{k} {v}" for k, v in versions.get("packages", {}).items()))
+    print(f"{'step':9} {'iterations':>10} {'first loss':>10} {'last loss':>9} {'min loss':>8} {'step ms':>8} "
+          f"{'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
+    for name, step in steps.items():
+        row = {**summary(step, args.seq_length), "gpu_peak_mib": peak_mib(args.dir / f"{name}.memory.csv")}
+        rows[name] = row
+        if "step_ms" not in row:
+            print(f"{name:9} {'-':>10} {'':>60} {_num(row['gpu_peak_mib'], 12)}")
+            continue
+        print(f"{name:9} {row['iterations']:>10} {_num(row['first_loss'], 10, 3)} {_num(row['last_loss'], 9, 3)} "
+              f"{_num(row['min_loss'], 8, 3)} {_num(row['step_ms'], 8, 1)} {_num(row['tokens_per_s'], 9)} "
+              f"{_num(row['peak_allocated_gb'], 13, 2)} {_num(row['gpu_peak_mib'], 12)}")
+    for name, step in steps.items():
+        for s in step["saved"]:
+            print(f"{name}: saved iteration {s['iteration']} to {s['dir']}")
+        for s in step["loaded"]:
+            print(f"{name}: loaded iteration {s['iteration']} from {s['dir']}")
+    results = {"versions": versions, "summary": rows, "steps": steps}
+    (args.dir / "results.json").write_text(json.dumps(results, indent=1))
+    if args.plot:
+        title = f"ultra3 tiny smoke test: {versions.get('gpu', '')}, BF16"
+        print(f"plot: {args.plot}" if plot(steps, args.plot, title) else "plot: matplotlib not installed")
+    return 0
+
+
+def _num(value: float | None, width: int, digits: int = 0) -> str:
+    return f"{value:>{width},.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The training smoke tests on a one-GPU box, each step a real `ultra3` job under the gpu-box profile (local
+# executor, this machine's python3 with the wheel set of scripts/gpu/carry.py on its path):
+#   pretrain  pretrain -c tiny: 40 iterations on the blend of `ultra3 data prep pretrain -c tiny --run gpu-box`
+#             (the newest pretrain-data artifact), checkpoints at iterations 20 and 40
+#   resume    the same run with train.train_iters=60: it loads iteration 40 and trains 20 more
+#   sft       sft -c tiny from that checkpoint on the packed data of `ultra3 data prep sft -c tiny --run gpu-box`
+#   quantize  quantize -c tiny of the SFT checkpoint (NVFP4 with ModelOpt) into a Hugging Face checkpoint
+# The data preps run where Ray is (any CPU machine, `--run gpu-box` there too); carry their output dirs and
+# $NEMORUN_HOME/artifacts to the same paths here.
+#
+# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all four, in order; a failed step stops the rest)
+# Writes OUT/<step>.log, OUT/<step>.memory.csv (nvidia-smi memory.used, MiB, every 200 ms) and
+# OUT/versions.json, then prints benchmarks/gpu_smoke.py's table and writes OUT/loss.png.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|sft|quantize ...]}
+shift
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume sft quantize)
+mkdir -p "$out"
+env_file=${ULTRA3_ENV_FILE:-env.toml.example}
+checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
+
+python3 - "$out/versions.json" <<'EOF'
+import importlib.metadata as md, json, subprocess, sys
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip()
+names = ["torch", "transformer-engine", "transformer-engine-torch", "megatron-core", "megatron-bridge", "mamba-ssm",
+         "causal-conv1d", "nvidia-modelopt", "transformers", "triton", "ultra3-launcher"]
+packages = {}
+for name in names:
+    try:
+        packages[name] = md.version(name)
+    except md.PackageNotFoundError:
+        packages[name] = None
+import torch
+json.dump({"gpu": gpu, "python": sys.version.split()[0], "cuda": torch.version.cuda, "packages": packages},
+          open(sys.argv[1], "w"), indent=1)
+EOF
+
+args_of() {
+    case $1 in
+        pretrain) echo "pretrain -c tiny dataset.mock=false checkpoint.save=$checkpoints" ;;
+        resume) echo "pretrain -c tiny dataset.mock=false checkpoint.save=$checkpoints train.train_iters=60" ;;
+        sft) echo "sft -c tiny dataset.mock=false" ;;
+        quantize) echo "quantize -c tiny make_checkpoint=false run.gpus_per_node=1" ;;
+        *) echo "unknown step $1 (pretrain, resume, sft, quantize)" >&2; return 2 ;;
+    esac
+}
+
+status=0
+for step in "${steps[@]}"; do
+    read -ra argv <<<"$(args_of "$step")" || { status=2; break; }
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$step.memory.csv" 2>/dev/null &
+    sampler=$!
+    started=$(date +%s)
+    echo "== $step: ultra3 ${argv[*]} --run gpu-box"
+    ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" >"$out/$step.log" 2>&1
+    status=$?
+    kill "$sampler" 2>/dev/null
+    echo "== $step: exit $status after $(($(date +%s) - started)) s"
+    if [ $status -ne 0 ]; then
+        tail -n 40 "$out/$step.log"
+        break
+    fi
+done
+python3 benchmarks/gpu_smoke.py "$out" --plot "$out/loss.png"
+exit $status

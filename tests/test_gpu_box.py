@@ -1,0 +1,193 @@
+"""The GPU box without network (scripts/gpu): the wheel pins against uv.lock, the nvcc that keeps one architecture,
+carrying a wheel set in parts (damaged and missing parts, a resumed trip, a real pip install read back), the
+preflight's kernel check, and the smoke-test figures read from a real run's logs."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from recipes import preflight
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = REPO / "scripts" / "gpu"
+SMOKE_RUN = REPO / "benchmarks" / "gpu_smoke"
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+carry = load(GPU / "carry.py")
+nvcc_archs = load(GPU / "nvcc_archs.py")
+gpu_smoke = load(REPO / "benchmarks" / "gpu_smoke.py")
+
+
+def version_of(file: str) -> str:
+    return file.removesuffix(".tar.gz").rsplit("-", 1)[1] if file.endswith(".tar.gz") else file.split("-")[1]
+
+
+def test_pins_are_whole_and_agree_with_uv_lock():
+    pins = tomllib.loads((GPU / "wheels.toml").read_text())
+    lock = {}
+    for package in tomllib.loads((REPO / "uv.lock").read_text())["package"]:
+        lock.setdefault(package["name"], set()).add(package.get("version"))
+    entries = pins["wheel"] + pins["sdist"]
+    assert len({e["name"] for e in entries}) == len(entries)
+    for entry in entries:
+        assert re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]), entry
+        stem = entry["name"].replace("-", "_").lower()
+        assert entry["file"].replace("-", "_").lower().startswith(stem + "_"), entry
+        version = version_of(entry["file"])
+        if entry["name"] in lock:
+            assert version in lock[entry["name"]], (entry["name"], version, lock[entry["name"]])
+    cores = {w.get("cuda") for w in pins["wheel"] if w["name"].startswith("transformer-engine-cu")}
+    assert cores == {"12", "13"}
+    te = {version_of(e["file"]) for e in entries if e["name"].startswith("transformer-engine")}
+    assert te == {"2.18.0"}  # the Python side, the core library and the torch extension of one release
+
+
+def test_nvcc_keeps_only_the_wanted_architectures(monkeypatch):
+    monkeypatch.setattr(nvcc_archs, "KEEP", {"90"})
+    argv = ["-O3", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+            "-gencode=arch=compute_100,code=sm_100", "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
+            "-c", "a.cu", "-o", "a.o"]
+    assert nvcc_archs.filtered(argv) == ["-O3", "-gencode", "arch=compute_90,code=sm_90",
+                                         "--generate-code=arch=compute_90,code=[compute_90,sm_90]", "-c", "a.cu",
+                                         "-o", "a.o"]
+
+
+def make_wheel(folder: Path, name: str, payload: bytes) -> Path:
+    """A real, installable wheel of one module `name` whose PAYLOAD holds `payload` (to make parts cut it)."""
+    dist = f"{name}-1.0"
+    files = {f"{name}.py": f"PAYLOAD = {payload!r}\n".encode(),
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+             f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        b"Tag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for path, data in files.items()) + f"{dist}.dist-info/RECORD,,\n"
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name_, data in {**files, f"{dist}.dist-info/RECORD": record.encode()}.items():
+            z.writestr(name_, data)
+    return path
+
+
+@pytest.fixture
+def gathered(tmp_path):
+    """What gather.py leaves: wheels/ and manifest.json."""
+    out = tmp_path / "gathered"
+    (out / "wheels").mkdir(parents=True)
+    wheels = [make_wheel(out / "wheels", "u3carry_a", bytes(range(256)) * 4000),
+              make_wheel(out / "wheels", "u3carry_b", b"b" * 3000)]
+    (out / "manifest.json").write_text(json.dumps({"torch": "2.11.0", "wheels": [
+        {"file": w.name, "size": w.stat().st_size, "sha256": carry.sha256(w)} for w in wheels]}))
+    return out
+
+
+def test_carry_in_parts_over_trips_then_install(gathered, tmp_path):
+    index = carry.pack(gathered, chunk_mib=1)
+    parts = index["parts"]
+    assert len(parts) >= 2 and all(p["size"] <= 1 << 20 for p in parts)
+    assert sum(p["size"] for p in parts) == sum(w["size"] for w in index["manifest"]["wheels"])
+    chunks, store = gathered / "chunks", tmp_path / "store"
+
+    trip = tmp_path / "trip1"  # the first trip: the index and part 0, part 1 damaged on the way
+    trip.mkdir()
+    (trip / "chunks.json").write_bytes((chunks / "chunks.json").read_bytes())
+    (trip / parts[0]["file"]).write_bytes((chunks / parts[0]["file"]).read_bytes())
+    damaged = bytearray((chunks / parts[1]["file"]).read_bytes())
+    damaged[100] ^= 1
+    (trip / parts[1]["file"]).write_bytes(bytes(damaged))
+    held, total, problems = carry.receive(trip, store)
+    assert (held, total) == (1, len(parts))
+    assert len(problems) == 1 and "is damaged" in problems[0] and parts[1]["file"] in problems[0]
+    with pytest.raises(carry.CarryError, match=rf"{len(parts) - 1} of {len(parts)} parts not received yet"):
+        carry.install(store, tmp_path / "site")
+
+    held, total, problems = carry.receive(chunks, store)  # the rest, the index kept from the first trip
+    assert (held, total, problems) == (len(parts), len(parts), [])
+    site = tmp_path / "site"
+    assert carry.install(store, site).startswith("installed 2 wheels")
+    read = subprocess.run([sys.executable, "-c", "import u3carry_a, u3carry_b; "
+                           "print(len(u3carry_a.PAYLOAD), u3carry_b.PAYLOAD[:3])"],
+                          env={"PYTHONPATH": str(site)}, capture_output=True, text=True, check=True)
+    assert read.stdout.split() == ["1024000", "b'bbb'"]
+    assert "installed already" in carry.install(store, site)
+
+
+def test_carry_refuses_another_sets_store_and_a_changed_wheel(gathered, tmp_path):
+    carry.pack(gathered, chunk_mib=1)
+    store = tmp_path / "store"
+    carry.receive(gathered / "chunks", store)
+    other = json.loads((gathered / "chunks" / "chunks.json").read_text())
+    other["parts"][0]["sha256"] = "0" * 64
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "chunks.json").write_text(json.dumps(other))
+    with pytest.raises(carry.CarryError, match="holds the parts of another wheel set"):
+        carry.receive(tmp_path / "other", store)
+    wheel = next((gathered / "wheels").glob("u3carry_b*"))
+    wheel.write_bytes(wheel.read_bytes() + b"x")
+    with pytest.raises(carry.CarryError, match="changed since gather wrote the manifest"):
+        carry.pack(gathered, chunk_mib=1)
+
+
+def test_carry_cli_says_what_is_missing_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(GPU / "carry.py"), "receive", str(tmp_path), "--store",
+                          str(tmp_path / "s")], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"carry: error: no chunks.json in {tmp_path} or {tmp_path / 's'}: "
+                                                "carry it with the first part"]
+
+
+def kernel_cfg(stage="pretrain", **model):
+    return {"job": {"stage": stage}, "model": model, "dataset": {"mock": False}}
+
+
+def test_kernels_names_each_setting_whose_kernel_is_missing(monkeypatch):
+    installed = {"megatron.bridge"}  # the training stack without the kernels
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    problems = preflight.kernels(kernel_cfg())  # the Ultra recipe's values
+    py = sys.executable
+    assert problems == "; ".join([
+        f"model.moe_token_dispatcher_type=flex needs DeepEP/HybridEP (module deep_ep), not installed in {py}; "
+        "set model.moe_token_dispatcher_type=alltoall, or install it",
+        "model.gradient_accumulation_fusion=true needs APEX's CUDA extensions (module "
+        f"fused_weight_gradient_mlp_cuda), not installed in {py}; set model.gradient_accumulation_fusion=false, or "
+        "install it",
+        f"model.use_mamba_mem_eff_path=true needs causal-conv1d's CUDA extension (module causal_conv1d_cuda), not "
+        f"installed in {py}; set model.use_mamba_mem_eff_path=false (pretraining only), or install it"])
+    tiny = {"moe_token_dispatcher_type": "alltoall", "gradient_accumulation_fusion": False}
+    assert preflight.kernels(kernel_cfg(**tiny, use_mamba_mem_eff_path=False)) is None
+    assert preflight.kernels(kernel_cfg("sft", **tiny, use_mamba_mem_eff_path=False)).startswith(
+        "model.use_mamba_mem_eff_path=false cannot train packed sequences")
+
+
+def test_kernels_finds_an_installed_extension(tmp_path, monkeypatch):
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "megatron.bridge" else
+                        find(name, *a))
+    tiny = {"moe_token_dispatcher_type": "alltoall", "gradient_accumulation_fusion": False}
+    assert preflight.kernels(kernel_cfg("sft", **tiny)).startswith("model.use_mamba_mem_eff_path=true needs causal")
+    (tmp_path / "causal_conv1d_cuda.py").write_text("")  # a real module file the import system finds
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert preflight.kernels(kernel_cfg("sft", **tiny)) is None
+    assert "kernels" in preflight.BY_LAUNCH["torchrun"]
+
+
+def test_kernels_leaves_a_missing_training_stack_to_training_packages(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert preflight.kernels(kernel_cfg()) is None
