@@ -23,9 +23,9 @@ env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
 
 python3 - "$out/versions.json" <<'EOF'
-import importlib.metadata as md, json, subprocess, sys
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip()
+import importlib.metadata as md, json, shutil, subprocess, sys
+smi = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+gpu = subprocess.run(smi, capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else None
 names = ["torch", "transformer-engine", "transformer-engine-torch", "megatron-core", "megatron-bridge", "mamba-ssm",
          "causal-conv1d", "nvidia-modelopt", "transformers", "triton", "ultra3-launcher"]
 packages = {}
