@@ -5,9 +5,10 @@
 DIR holds what smoke.sh wrote: <step>.log for each step (pretrain, resume, sft, quantize),
 <step>.memory.csv (nvidia-smi's memory.used in MiB, sampled every 200 ms while the step ran) and
 versions.json (GPU, driver, Python packages). Prints, per training step: iterations, the loss of the first and
-last iteration and the lowest, the median step time (iterations after the first 3, which include compilation
-and warm-up), tokens/s (global batch x sequence length / step time), Megatron's own peak allocated memory, and
-the GPU's peak memory as nvidia-smi saw it; then the checkpoints saved and loaded. Writes DIR/results.json
+last iteration and the lowest, the first iteration's time (kernel compilation and autotuning happen there), the
+median step time of the iterations after the first 3, tokens/s (global batch x sequence length / step time),
+Megatron's own peak allocated memory, and the GPU's peak memory as nvidia-smi saw it (the CUDA context and the
+caching allocator's reserve included); then the validation losses and the checkpoints saved and loaded. Writes DIR/results.json
 with every iteration's figures and, when matplotlib is there, the loss curves as a PNG.
 """
 
@@ -27,7 +28,7 @@ FIELD = re.compile(r"\s*([^|:]+?):\s*([-+0-9.eE]+)\s*\|")
 MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(GB\)(.*)")
 SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to (\S+)")
 LOADED = re.compile(r"successfully loaded checkpoint from (\S+) .*at iteration (\d+)")
-VALIDATION = re.compile(r"validation loss at iteration (\d+).*?lm loss value: ([-+0-9.eE]+)")
+VALIDATION = re.compile(r"validation loss at iteration (\d+)(?: on (\w+) set)? \|.*?lm loss value: ([-+0-9.eE]+)")
 WARMUP = 3  # iterations left out of the step time: the first ones compile kernels
 
 
@@ -44,7 +45,8 @@ def parse(text: str) -> dict:
         elif match := LOADED.search(line):
             loaded.append({"dir": match.group(1), "iteration": int(match.group(2))})
         elif match := VALIDATION.search(line):
-            validation.append({"iteration": int(match.group(1)), "lm loss": float(match.group(2))})
+            validation.append({"iteration": int(match.group(1)), "set": match.group(2) or "validation (in training)",
+                               "lm loss": float(match.group(3))})
     return {"iterations": iterations, "memory_gb": memory, "saved": saved, "loaded": loaded, "validation": validation}
 
 
@@ -64,10 +66,12 @@ def summary(step: dict, seq_length: int) -> dict:
     losses = [it["lm loss"] for it in its if "lm loss" in it]
     ms = statistics.median(times)
     batch = its[-1].get("global batch size", 0)
+    memory = step["memory_gb"]
     return {"iterations": f"{its[0]['iteration']}-{its[-1]['iteration']}", "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
-            "step_ms": ms, "tokens_per_s": batch * seq_length / (ms / 1000) if ms else None,
-            "peak_allocated_gb": step["memory_gb"].get("peak_allocated_mem")}
+            "first_iteration_s": its[0]["elapsed time per iteration (ms)"] / 1000, "step_ms": ms,
+            "tokens_per_s": batch * seq_length / (ms / 1000) if ms else None,
+            "peak_allocated_gb": memory.get("mem-max-allocated-gigabytes", memory.get("peak_allocated_mem"))}
 
 
 def plot(steps: dict, path: Path, title: str) -> bool:
@@ -84,7 +88,8 @@ def plot(steps: dict, path: Path, title: str) -> bool:
         if points:
             ax.plot(*zip(*points), marker=".", label=name)
         for v in step["validation"]:
-            ax.scatter([v["iteration"]], [v["lm loss"]], marker="x", color="black")
+            if v["set"] != "test":
+                ax.scatter([v["iteration"]], [v["lm loss"]], marker="x", color="black")
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
     ax.set_title(title, fontsize=9)
@@ -109,18 +114,21 @@ def main() -> int:
         return 2
     rows = {}
     print(f"GPU: {versions.get('gpu', '?')}; " + ", ".join(f"{k} {v}" for k, v in versions.get("packages", {}).items()))
-    print(f"{'step':9} {'iterations':>10} {'first loss':>10} {'last loss':>9} {'min loss':>8} {'step ms':>8} "
-          f"{'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
+    print(f"{'step':9} {'iterations':>10} {'first loss':>10} {'last loss':>9} {'min loss':>8} {'1st it s':>8} "
+          f"{'step ms':>8} {'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
     for name, step in steps.items():
         row = {**summary(step, args.seq_length), "gpu_peak_mib": peak_mib(args.dir / f"{name}.memory.csv")}
         rows[name] = row
         if "step_ms" not in row:
-            print(f"{name:9} {'-':>10} {'':>60} {_num(row['gpu_peak_mib'], 12)}")
+            print(f"{name:9} {'-':>10} {'':>69} {_num(row['gpu_peak_mib'], 12)}")
             continue
         print(f"{name:9} {row['iterations']:>10} {_num(row['first_loss'], 10, 3)} {_num(row['last_loss'], 9, 3)} "
-              f"{_num(row['min_loss'], 8, 3)} {_num(row['step_ms'], 8, 1)} {_num(row['tokens_per_s'], 9)} "
+              f"{_num(row['min_loss'], 8, 3)} {_num(row['first_iteration_s'], 8, 1)} {_num(row['step_ms'], 8, 1)} "
+              f"{_num(row['tokens_per_s'], 9)} "
               f"{_num(row['peak_allocated_gb'], 13, 2)} {_num(row['gpu_peak_mib'], 12)}")
     for name, step in steps.items():
+        for v in step["validation"]:
+            print(f"{name}: {v['set']} lm loss {v['lm loss']:.3f} at iteration {v['iteration']}")
         for s in step["saved"]:
             print(f"{name}: saved iteration {s['iteration']} to {s['dir']}")
         for s in step["loaded"]:

@@ -191,3 +191,31 @@ def test_kernels_finds_an_installed_extension(tmp_path, monkeypatch):
 def test_kernels_leaves_a_missing_training_stack_to_training_packages(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert preflight.kernels(kernel_cfg()) is None
+
+
+def test_smoke_figures_from_the_recorded_h200_run():
+    """benchmarks/gpu_smoke holds the logs of a real run; the parser reads its losses, checkpoints and memory."""
+    pretrain = gpu_smoke.parse((SMOKE_RUN / "pretrain.log").read_text())
+    assert [it["iteration"] for it in pretrain["iterations"]] == list(range(1, 41))
+    losses = [it["lm loss"] for it in pretrain["iterations"]]
+    assert losses[0] > 8 > 6.5 > losses[-1]
+    assert [s["iteration"] for s in pretrain["saved"]] == [20, 40]
+    assert pretrain["memory_gb"]["mem-max-allocated-gigabytes"] > 0
+    resume = gpu_smoke.parse((SMOKE_RUN / "resume.log").read_text())
+    assert [(s["iteration"], s["dir"]) for s in resume["loaded"]] == [(40, pretrain["saved"][-1]["dir"])]
+    assert resume["iterations"][0]["iteration"] == 41 and [s["iteration"] for s in resume["saved"]] == [60]
+    summary = gpu_smoke.summary(pretrain, 512)
+    assert summary["iterations"] == "1-40" and summary["first_loss"] == losses[0]
+    assert summary["tokens_per_s"] == pytest.approx(4 * 512 / (summary["step_ms"] / 1000))
+    assert gpu_smoke.peak_mib(SMOKE_RUN / "pretrain.memory.csv") > 1000
+
+
+def test_smoke_table_in_the_readme_is_what_the_script_prints(tmp_path):
+    for f in SMOKE_RUN.iterdir():
+        if f.suffix in (".log", ".csv", ".json"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    table = [line for line in out.splitlines() if line.startswith(("step ", "pretrain ", "resume ", "sft "))]
+    readme = (SMOKE_RUN / "README.md").read_text()
+    assert len(table) == 4 and all(line in readme for line in table), table

@@ -112,6 +112,19 @@ def main(stage: str) -> None:
         raise SystemExit(INPUT_ERROR_EXIT) from None
 
 
+def prebuilt_dataset_helpers() -> None:
+    """Megatron-Bridge's initialize runs `make` in megatron/core/datasets to build Megatron-Core's C++ dataset
+    helpers. The megatron-core wheel ships them built and no Makefile, so that make fails and the job exits: with
+    the built module importable and no Makefile, the make is skipped."""
+    import importlib.util
+
+    from megatron.bridge.training import initialize
+
+    spec = importlib.util.find_spec("megatron.core.datasets.helpers_cpp")
+    if spec and spec.origin and not os.path.isfile(os.path.join(os.path.dirname(spec.origin), "Makefile")):
+        initialize.compile_helpers = lambda: None
+
+
 def train(stage: str, path: str) -> None:
     cfg = read_config(path, stage)
     plan = make_plan(cfg)
@@ -122,6 +135,7 @@ def train(stage: str, path: str) -> None:
 
     for line in apply_precision(container, cfg):
         print(f"ultra3: {line}", flush=True)
+    prebuilt_dataset_helpers()
     resolve(plan.entry)(container, resolve(FORWARD_STEP))
 
     import torch.distributed as dist
