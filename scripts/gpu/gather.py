@@ -10,7 +10,7 @@
    nvidia-cudnn-frontend: the CUDA extensions are compiled with this machine's CUDA toolkit (CUDA_HOME, the
    torch's CUDA major) for the GPU architectures --archs only (90: H100/H200; 100: B200/GB200), so the box
    loads them as they are, with no compiler.
-3. Builds the launcher's own wheel.
+3. Builds the launcher's own wheel from this checkout (again on every run).
 4. Writes DIR/wheels/ and DIR/manifest.json (each wheel's size and sha256), which carry.py packs.
 
 Every step is skipped when its output is there already, so an interrupted gather resumes.
@@ -19,7 +19,6 @@ Every step is skipped when its output is there already, so an interrupted gather
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +26,8 @@ import sys
 import tomllib
 import urllib.request
 from pathlib import Path
+
+from carry import sha256  # the script's own folder is on the path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -36,14 +37,6 @@ INDEX = "https://pypi.org/simple"
 
 class GatherError(Exception):
     pass
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def pins(cuda: str) -> tuple[list[dict], list[dict]]:
@@ -166,8 +159,9 @@ def main() -> int:
             if not (target.is_file() and sha256(target) == pin["sha256"]):
                 os.replace(download(pin, downloads), target)
         build_sdists(sdists, downloads, wheels, build, args.torch_python, archs)
-        if not built(wheels, "ultra3-launcher"):
-            run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO)])
+        for old in wheels.glob("ultra3_launcher-*.whl"):  # always this checkout's
+            old.unlink()
+        run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO)])
         info = manifest(wheels, args.torch_python, args.cuda, archs)
     except GatherError as e:
         print(f"gather: error: {e}", file=sys.stderr)
