@@ -564,9 +564,9 @@ def _line_by_line(path: Path, start: int, end: int, bad) -> list[str]:
 @pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])  # a line per block, a few, all in one
 def test_block_decoder_gives_the_texts_and_bad_records_of_line_by_line_decoding(tmp_path, monkeypatch,
                                                                                  block_bytes):
-    from recipes.dataprep import inputs
+    from recipes.dataprep import inputs, line_reader
 
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(line_reader, "BLOCK_BYTES", block_bytes)
     corpus = tmp_path / "mixed.jsonl"
     corpus.write_bytes(b"\n".join(MIXED_LINES * 3))  # no newline at the end
     records = 3 * sum(1 for line in MIXED_LINES if line.strip())
@@ -613,9 +613,9 @@ def test_block_and_line_decoding_write_the_same_shard_bytes(tmp_path, monkeypatc
     lines[10:10] = ['{"text": null}', '{"text": "  "}', '{"text": 5}', "{broken"]
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
-    from recipes.dataprep import inputs
+    from recipes.dataprep import inputs, line_reader
 
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 16 << 10)  # many blocks: the bad ones are in one
+    monkeypatch.setattr(line_reader, "BLOCK_BYTES", 16 << 10)  # many blocks: the bad ones are in one
     source = inputs.scan(str(corpus), "jsonl", "text")
     tok_json = (TINY / "tokenizer.json").read_text()
     sha = hashlib.sha256(tok_json.encode()).hexdigest()

@@ -3,7 +3,6 @@ memory a reader holds stays bounded whatever the length of a line."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -14,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from recipes.dataprep import inputs
+from recipes.dataprep import inputs, line_reader
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "samples" / "tiny"
 
 
 def split(data: bytes, max_bytes: int) -> list:
-    return list(inputs.lines(io.BytesIO(data), max_bytes))
+    return list(line_reader.lines(io.BytesIO(data), max_bytes))
 
 
 @pytest.mark.parametrize("block", [3, 7, 1 << 20])
 def test_lines_are_those_of_the_file_and_long_ones_are_none(monkeypatch, block):
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", block)  # lines and overlong lines across block edges
+    monkeypatch.setattr(line_reader, "BLOCK_BYTES", block)  # lines and overlong lines across block edges
     assert split(b"a\nbb\n\nccc", 5) == [b"a", b"bb", b"", b"ccc"]
     assert split(b"a\n" + b"x" * 30 + b"\nb\n", 5) == [b"a", None, b"b"]
     assert split(b"x" * 30, 5) == [None]
@@ -56,7 +55,7 @@ def test_a_long_line_is_counted_and_never_held(tmp_path, monkeypatch):
     corpus = tmp_path / "c.jsonl"
     docs = corpus_with_a_long_line(corpus, 256 << 20)
     assert inputs.count_records(str(corpus), "jsonl", "text") == (4, True)
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(line_reader, "BLOCK_BYTES", 1 << 20)
     (tmp_path / "warm.jsonl").write_text('{"text": "imports done before measuring"}\n')
     list(inputs.read_texts(str(tmp_path / "warm.jsonl"), "jsonl", "text", 0, 1, inputs.BadRecords()))
     bad = inputs.BadRecords()

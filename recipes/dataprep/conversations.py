@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import chat
-from .inputs import PARQUET, BadRecords, lines, open_binary, row_groups, too_long
+from .inputs import PARQUET, BadRecords, open_binary, row_groups, too_long
+from .line_reader import lines
 from .files import tmp_name
 
 BATCH = 256  # conversations per encode_batch call

@@ -7,7 +7,7 @@ numbers count from 0 in each file, in file order. Blank lines are skipped everyw
 
 A record whose text cannot be used is a *bad record*, one of BAD_KINDS; a record longer than
 `max_record_bytes` is one too ("too_long"), skipped without ever being held whole, so a reader's memory
-stays within BLOCK_BYTES + max_record_bytes whatever the length of a line. It is counted (with the first
+stays within line_reader.BLOCK_BYTES + max_record_bytes whatever the length of a line. It is counted (with the first
 few places it happened, as `file:line` or `file:row=N`) and skipped, or under `strict` it stops the run.
 """
 
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .errors import BadRecordError, DataPrepError
+from .line_reader import MAX_RECORD_BYTES, line_blocks, lines, over
 
 JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet"
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
@@ -33,8 +34,6 @@ BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty
 MAX_EXAMPLES = 5  # places kept per kind of bad record, per shard and per dataset
 FINGERPRINT_BYTES = 1 << 20
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
-BLOCK_BYTES = 8 << 20  # JSONL read and decoded at once
-MAX_RECORD_BYTES = 16 << 20  # max_record_bytes' default
 
 
 def detect_format(path: str) -> str:
@@ -109,47 +108,6 @@ def open_binary(path: str, fmt: str) -> io.BufferedIOBase:
 
 def _blank(line: bytes | None) -> bool:
     return line is not None and (not line or line.isspace())
-
-
-def line_blocks(f, max_bytes: int) -> Iterator[list]:
-    """The lines of a binary file, without their newlines, in blocks read BLOCK_BYTES at a time. A line longer
-    than `max_bytes` comes as None: its bytes are dropped as they are read, never held whole."""
-    rest, skipping = b"", False
-    while data := f.read(BLOCK_BYTES):
-        if skipping:  # inside a line that is too long: drop its bytes up to its newline
-            cut = data.find(b"\n")
-            if cut < 0:
-                continue
-            data, skipping = data[cut + 1:], False
-        end = data.rfind(b"\n") + 1
-        if not end:
-            if len(rest) + len(data) > max_bytes:
-                yield [None]
-                rest, skipping = b"", True
-            else:
-                rest += data
-            continue
-        whole = rest + data[:end] if rest else data[:end]
-        rest = data[end:]
-        block = whole.split(b"\n")
-        block.pop()  # the empty string after the last newline
-        if len(whole) > max_bytes:
-            block = [line if len(line) <= max_bytes else None for line in block]
-        yield block
-    if len(rest) > max_bytes:
-        yield [None]
-    elif rest:
-        yield [rest]
-
-
-def lines(f, max_bytes: int = BLOCK_BYTES) -> Iterator[bytes | None]:
-    """The lines of a binary file one by one (line_blocks)."""
-    for block in line_blocks(f, max_bytes):
-        yield from block
-
-
-def over(max_bytes: int) -> str:
-    return f"longer than max_record_bytes ({max_bytes:,} bytes)"
 
 
 def too_long(where: str, max_bytes: int, bad: BadRecords) -> None:

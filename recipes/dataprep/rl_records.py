@@ -36,7 +36,8 @@ import bisect
 import json
 
 from .errors import DataPrepError
-from .inputs import PARQUET, lines, open_binary, over
+from .inputs import PARQUET, open_binary
+from .line_reader import lines, over
 
 PLACEHOLDER = "_hf_placeholder"
 MARK = PLACEHOLDER.encode()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..contract import INPUT_ERROR_EXIT
-from . import inputs
+from . import inputs, line_reader
 from .cluster import ClusterError
 from .errors import DataPrepError
 
@@ -148,7 +148,7 @@ def run_values(cfg: dict) -> dict:
         "force": bool_value(cfg, "force"),
         "strict": bool_value(cfg, "strict"),
         "max_bad_fraction": _share(cfg, "max_bad_fraction", 0.01),
-        "max_record_bytes": int_value(cfg, "max_record_bytes", inputs.MAX_RECORD_BYTES, 1),
+        "max_record_bytes": int_value(cfg, "max_record_bytes", line_reader.MAX_RECORD_BYTES, 1),
         "job": (cfg.get("job") or {}).get("id") if isinstance(cfg.get("job"), dict) else None,
         "workers": int_value(cfg, "workers", None, 1, allow_none=True),
         "hf_cache_dir": str_value(cfg, "hf_cache_dir"),

@@ -11,7 +11,7 @@ import glob
 import json
 import os
 
-from ..dataprep import inputs
+from ..dataprep import inputs, line_reader
 from ..dataprep.errors import DataPrepError
 
 from .errors import QuantizeError
@@ -64,7 +64,7 @@ def texts(path: str):
             raise QuantizeError(f"calibration.path: {file} is Parquet; give JSONL (plain, .gz or .zst) or the "
                                 "directory `ultra3 data prep sft` wrote")
         with inputs.open_binary(file, fmt) as f:
-            for number, line in enumerate(inputs.lines(f, inputs.MAX_RECORD_BYTES), 1):
+            for number, line in enumerate(line_reader.lines(f, line_reader.MAX_RECORD_BYTES), 1):
                 if line is not None and not line.strip():
                     continue
                 try:
