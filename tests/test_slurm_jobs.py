@@ -381,11 +381,13 @@ def test_when_slurm_cannot_answer_the_state_says_why(slurm, cli, home):
     add_profile("slow", setup=["sleep 600"])
     sub = submit(cli, "--batch", "slow")
     wait_state(cli, sub.id, "RUNNING", timeout=120)
-    broken = {"SLURM_CONF": str(Path(home) / "no-such-slurm.conf")}  # the real sacct and squeue fail
-    st = status(cli, sub.id, env=broken)
+    # the real sacct and squeue fail on a broken slurm.conf (an empty one: a missing one makes each retry for 60 s)
+    conf = Path(home) / "broken-slurm.conf"
+    conf.write_text("")
+    st = status(cli, sub.id, env={"SLURM_CONF": str(conf)})
     assert st["state"] == "UNKNOWN", st["text"]
     assert re.fullmatch(r"sacct failed \(exit \d+: .+\); squeue failed \(exit \d+: .+\)", st["reason"]), st["text"]
-    assert "no-such-slurm.conf" in st["reason"], st["text"]
+    assert "broken-slurm.conf" in st["reason"], st["text"]
     assert status(cli, sub.id)["state"] == "RUNNING"  # and with Slurm reachable again
 
 
