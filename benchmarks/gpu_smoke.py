@@ -8,8 +8,8 @@ versions.json (GPU, driver, Python packages). Prints, per training step: iterati
 last iteration and the lowest, the first iteration's time (kernel compilation and autotuning happen there), the
 median step time of the iterations after the first 3, tokens/s (global batch x sequence length / step time),
 Megatron's own peak allocated memory, and the GPU's peak memory as nvidia-smi saw it (the CUDA context and the
-caching allocator's reserve included); then the validation losses and the checkpoints saved and loaded. Writes DIR/results.json
-with every iteration's figures and, when matplotlib is there, the loss curves as a PNG.
+caching allocator's reserve included); then the validation losses and the checkpoints saved and loaded. Writes
+DIR/results.json with every iteration's figures and, when matplotlib is there, the loss curves as a PNG.
 """
 
 from __future__ import annotations

@@ -74,14 +74,14 @@ def training_packages(cfg: dict) -> str | None:
     return None
 
 
-# Megatron settings that need a compiled kernel: key, its value in the Ultra recipes (Megatron-Bridge 0.6.x) when our
-# config leaves it unset, the value that needs the kernel, the module that holds it, what to set instead.
+# Megatron settings that need a compiled kernel: key, the value that needs it (the Ultra recipes' own, Megatron-Bridge
+# 0.6.x, where our config leaves the key unset), the module that holds the kernel, what it is, what to set instead.
 KERNEL_SETTINGS = (
-    ("model.moe_token_dispatcher_type", "flex", "flex", "deep_ep", "DeepEP/HybridEP",
+    ("model.moe_token_dispatcher_type", "flex", "deep_ep", "DeepEP/HybridEP",
      "model.moe_token_dispatcher_type=alltoall"),
-    ("model.gradient_accumulation_fusion", True, True, "fused_weight_gradient_mlp_cuda", "APEX's CUDA extensions",
+    ("model.gradient_accumulation_fusion", True, "fused_weight_gradient_mlp_cuda", "APEX's CUDA extensions",
      "model.gradient_accumulation_fusion=false"),
-    ("model.use_mamba_mem_eff_path", True, True, "causal_conv1d_cuda", "causal-conv1d's CUDA extension",
+    ("model.use_mamba_mem_eff_path", True, "causal_conv1d_cuda", "causal-conv1d's CUDA extension",
      "model.use_mamba_mem_eff_path=false (pretraining only)"),
 )
 
@@ -93,8 +93,8 @@ def kernels(cfg: dict) -> str | None:
         return None
     model = cfg.get("model") or {}
     problems = []
-    for key, recipe_value, needs, module, what, instead in KERNEL_SETTINGS:
-        value = model.get(key.split(".", 1)[1], recipe_value)
+    for key, needs, module, what, instead in KERNEL_SETTINGS:
+        value = model.get(key.split(".", 1)[1], needs)
         if value == needs and importlib.util.find_spec(module) is None:
             problems.append(f"{key}={_shown(value)} needs {what} (module {module}), not installed in {sys.executable}; "
                             f"set {instead}, or install it")

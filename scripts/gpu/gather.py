@@ -13,7 +13,9 @@
 3. Builds the launcher's own wheel from this checkout (again on every run).
 4. Writes DIR/wheels/ and DIR/manifest.json (each wheel's size and sha256), which carry.py packs.
 
-Every step is skipped when its output is there already, so an interrupted gather resumes.
+Every step is skipped when its output is there already, so an interrupted gather resumes; the built wheels are
+built again when the torch or --archs differ from the last gather's, and the manifest lists only this gather's
+wheels (those of another --cuda left in DIR/wheels are not carried).
 """
 
 from __future__ import annotations
@@ -107,7 +109,25 @@ def built(folder: Path, name: str) -> Path | None:
     return next((w for w in folder.glob("*.whl") if w.name.lower().startswith(stem + "-")), None)
 
 
-def build_sdists(sdists: list[dict], downloads: Path, wheels: Path, build: Path, python: str, archs: list[str]) -> None:
+def target_of(python: str, archs: list[str]) -> dict:
+    """What the built wheels are for: the box's torch and Python, and the GPU architectures."""
+    probe = "import sys, torch; print(torch.__version__, '%d.%d' % sys.version_info[:2])"
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        raise GatherError(f"--torch-python {python} cannot import torch: {last}")
+    torch, version = out.stdout.split()
+    return {"torch": torch, "python": version, "archs": archs}
+
+
+def build_sdists(sdists: list[dict], downloads: Path, wheels: Path, build: Path, python: str, archs: list[str],
+                 target: dict) -> list[Path]:
+    stamp = build / "built-for.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) != target:  # another torch or --archs: build again
+        for pin in sdists:
+            if old := built(wheels, pin["name"]):
+                old.unlink()
+    stamp.write_text(json.dumps(target) + "\n")
     env = {**os.environ, **build_env(build, archs, python), "MAX_JOBS": str(os.cpu_count() or 2)}
     te_core = build / "te-core"  # transformer-engine-torch links the core library: on its path while it builds
     if not te_core.is_dir():
@@ -126,6 +146,7 @@ def build_sdists(sdists: list[dict], downloads: Path, wheels: Path, build: Path,
                                   stdout=out, stderr=subprocess.STDOUT).returncode
         if code != 0 or not built(wheels, pin["name"]):
             raise GatherError(f"building {pin['name']} failed (exit {code}); its log: {log}")
+    return [built(wheels, pin["name"]) for pin in sdists]
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> None:
@@ -134,11 +155,9 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> None:
         raise GatherError(f"{' '.join(argv[:4])} ... exited {code}")
 
 
-def manifest(wheels: Path, python: str, cuda: str, archs: list[str]) -> dict:
-    torch = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                           text=True).stdout.strip()
-    files = [{"file": w.name, "size": w.stat().st_size, "sha256": sha256(w)} for w in sorted(wheels.glob("*.whl"))]
-    return {"torch": torch, "cuda": cuda, "archs": archs, "python": "3.12", "wheels": files}
+def manifest(files: list[Path], target: dict, cuda: str) -> dict:
+    listed = [{"file": w.name, "size": w.stat().st_size, "sha256": sha256(w)} for w in sorted(files)]
+    return {**target, "cuda": cuda, "wheels": listed}
 
 
 def main() -> int:
@@ -153,16 +172,17 @@ def main() -> int:
     for folder in (downloads, wheels, build):
         folder.mkdir(parents=True, exist_ok=True)
     try:
+        target = target_of(args.torch_python, archs)
         wanted, sdists = pins(args.cuda)
-        for pin in wanted:
-            target = wheels / pin["file"]
-            if not (target.is_file() and sha256(target) == pin["sha256"]):
-                os.replace(download(pin, downloads), target)
-        build_sdists(sdists, downloads, wheels, build, args.torch_python, archs)
+        files = [wheels / pin["file"] for pin in wanted]
+        for pin, path in zip(wanted, files):
+            if not (path.is_file() and sha256(path) == pin["sha256"]):
+                os.replace(download(pin, downloads), path)
+        files += build_sdists(sdists, downloads, wheels, build, args.torch_python, archs, target)
         for old in wheels.glob("ultra3_launcher-*.whl"):  # always this checkout's
             old.unlink()
         run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO)])
-        info = manifest(wheels, args.torch_python, args.cuda, archs)
+        info = manifest([*files, built(wheels, "ultra3-launcher")], target, args.cuda)
     except GatherError as e:
         print(f"gather: error: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,12 @@ out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|sft|quantize ...]}
 shift
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(pretrain resume sft quantize)
+for step in "${steps[@]}"; do
+    case $step in pretrain | resume | sft | quantize) ;; *)
+        echo "unknown step $step (pretrain, resume, sft, quantize)" >&2; exit 2 ;;
+    esac
+done
+
 mkdir -p "$out"
 env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
@@ -40,20 +46,14 @@ json.dump({"gpu": gpu, "python": sys.version.split()[0], "cuda": torch.version.c
           open(sys.argv[1], "w"), indent=1)
 EOF
 
-args_of() {
-    case $1 in
-        pretrain) echo "pretrain -c tiny dataset.mock=false checkpoint.save=$checkpoints" ;;
-        resume) echo "pretrain -c tiny dataset.mock=false checkpoint.save=$checkpoints train.train_iters=60" ;;
-        sft) echo "sft -c tiny dataset.mock=false" ;;
-        quantize) echo "quantize -c tiny make_checkpoint=false run.gpus_per_node=1" ;;
-        *) echo "unknown step $1 (pretrain, resume, sft, quantize)" >&2; return 2 ;;
-    esac
-}
-
-status=0
 failed=0
 for step in "${steps[@]}"; do
-    read -ra argv <<<"$(args_of "$step")" || { status=2; break; }
+    case $step in
+        pretrain) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
+        resume) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints" train.train_iters=60) ;;
+        sft) argv=(sft -c tiny dataset.mock=false) ;;
+        quantize) argv=(quantize -c tiny make_checkpoint=false run.gpus_per_node=1) ;;
+    esac
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$step.memory.csv" 2>/dev/null &
     sampler=$!
     started=$(date +%s)
