@@ -8,8 +8,10 @@ versions.json (GPU, driver, Python packages). Prints, per training step: iterati
 last iteration and the lowest, the first iteration's time (kernel compilation and autotuning happen there), the
 median step time of the iterations after the first 3, tokens/s (global batch x sequence length / step time),
 Megatron's own peak allocated memory, and the GPU's peak memory as nvidia-smi saw it (the CUDA context and the
-caching allocator's reserve included); then the validation losses and the checkpoints saved and loaded. Writes
-DIR/results.json with every iteration's figures and, when matplotlib is there, the loss curves as a PNG.
+caching allocator's reserve included), and the seconds Triton spent autotuning (the sum of the times it prints
+under TRITON_PRINT_AUTOTUNING=1, which smoke.sh sets); then the validation losses, the checkpoints saved and
+loaded, and the quantize step's accuracy and size. Writes DIR/results.json with every iteration's figures and,
+when matplotlib is there, the loss curves as a PNG.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(GB\)(.*)")
 SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to (\S+)")
 LOADED = re.compile(r"successfully loaded checkpoint from (\S+) .*at iteration (\d+)")
 VALIDATION = re.compile(r"validation loss at iteration (\d+)(?: on (\w+) set)? \|.*?lm loss value: ([-+0-9.eE]+)")
+AUTOTUNED = re.compile(r"^finished after ([0-9.]+)s,")
+ACCURACY = re.compile(r"accuracy on (\d+) held-out tokens: relative logit error ([0-9.]+), top-1 agreement ([0-9.]+), "
+                      r"perplexity ([0-9.]+) -> ([0-9.]+)")
+QUANTIZED = re.compile(r"ultra3 quantize: wrote (\S+) \(bits per element ([0-9.]+)\) in ([0-9.]+) s")
 WARMUP = 3  # iterations left out of the step time: the first ones compile kernels
 
 
 def parse(text: str) -> dict:
-    iterations, memory, saved, loaded, validation = [], {}, [], [], []
+    iterations, memory, saved, loaded, validation, autotuned, quantized = [], {}, [], [], [], [], {}
     for line in text.splitlines():
         if match := ITERATION.search(line):
             fields = {k.strip(): float(v) for k, v in FIELD.findall(match.group(3) + "|")}
@@ -47,7 +53,16 @@ def parse(text: str) -> dict:
         elif match := VALIDATION.search(line):
             validation.append({"iteration": int(match.group(1)), "set": match.group(2) or "validation (in training)",
                                "lm loss": float(match.group(3))})
-    return {"iterations": iterations, "memory_gb": memory, "saved": saved, "loaded": loaded, "validation": validation}
+        elif match := AUTOTUNED.search(line):
+            autotuned.append(float(match.group(1)))
+        elif match := ACCURACY.search(line):
+            quantized.update(zip(("held_out_tokens", "relative_logit_error", "top1_agreement", "perplexity_bf16",
+                                  "perplexity_quantized"), map(float, match.groups())))
+        elif match := QUANTIZED.search(line):
+            quantized.update(output=match.group(1), bits_per_element=float(match.group(2)), seconds=float(match.group(3)))
+    return {"iterations": iterations, "memory_gb": memory, "saved": saved, "loaded": loaded, "validation": validation,
+            "autotune_s": round(sum(autotuned), 2) if autotuned else None, "autotuned_kernels": len(autotuned),
+            "quantized": quantized}
 
 
 def peak_mib(path: Path) -> float | None:
@@ -115,16 +130,18 @@ def main() -> int:
     rows = {}
     print(f"GPU: {versions.get('gpu', '?')}; " + ", ".join(f"{k} {v}" for k, v in versions.get("packages", {}).items()))
     print(f"{'step':9} {'iterations':>10} {'first loss':>10} {'last loss':>9} {'min loss':>8} {'1st it s':>8} "
-          f"{'step ms':>8} {'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
+          f"{'autotune s':>10} {'step ms':>8} {'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
     for name, step in steps.items():
-        row = {**summary(step, args.seq_length), "gpu_peak_mib": peak_mib(args.dir / f"{name}.memory.csv")}
+        row = {**summary(step, args.seq_length), "autotune_s": step["autotune_s"],
+               "gpu_peak_mib": peak_mib(args.dir / f"{name}.memory.csv")}
         rows[name] = row
         if "step_ms" not in row:
-            print(f"{name:9} {'-':>10} {'':>69} {_num(row['gpu_peak_mib'], 12)}")
+            print(f"{name:9} {'-':>10} {'':>38} {_num(row['autotune_s'], 10, 1)} {'':>32} "
+                  f"{_num(row['gpu_peak_mib'], 12)}")
             continue
         print(f"{name:9} {row['iterations']:>10} {_num(row['first_loss'], 10, 3)} {_num(row['last_loss'], 9, 3)} "
-              f"{_num(row['min_loss'], 8, 3)} {_num(row['first_iteration_s'], 8, 1)} {_num(row['step_ms'], 8, 1)} "
-              f"{_num(row['tokens_per_s'], 9)} "
+              f"{_num(row['min_loss'], 8, 3)} {_num(row['first_iteration_s'], 8, 1)} {_num(row['autotune_s'], 10, 1)} "
+              f"{_num(row['step_ms'], 8, 1)} {_num(row['tokens_per_s'], 9)} "
               f"{_num(row['peak_allocated_gb'], 13, 2)} {_num(row['gpu_peak_mib'], 12)}")
     for name, step in steps.items():
         for v in step["validation"]:
@@ -133,6 +150,13 @@ def main() -> int:
             print(f"{name}: saved iteration {s['iteration']} to {s['dir']}")
         for s in step["loaded"]:
             print(f"{name}: loaded iteration {s['iteration']} from {s['dir']}")
+        q = step["quantized"]
+        if "relative_logit_error" in q:
+            print(f"{name}: {q['held_out_tokens']:.0f} held-out tokens, relative logit error "
+                  f"{q['relative_logit_error']:.4f}, top-1 agreement {q['top1_agreement']:.3f}, "
+                  f"perplexity {q['perplexity_bf16']:.3f} -> {q['perplexity_quantized']:.3f}")
+        if "bits_per_element" in q:
+            print(f"{name}: wrote {q['output']}, {q['bits_per_element']:.3f} bits per element, {q['seconds']:.1f} s")
     results = {"versions": versions, "summary": rows, "steps": steps}
     (args.dir / "results.json").write_text(json.dumps(results, indent=1))
     if args.plot:

@@ -208,6 +208,15 @@ def test_smoke_figures_from_the_recorded_h200_run():
     assert summary["iterations"] == "1-40" and summary["first_loss"] == losses[0]
     assert summary["tokens_per_s"] == pytest.approx(4 * 512 / (summary["step_ms"] / 1000))
     assert gpu_smoke.peak_mib(SMOKE_RUN / "pretrain.memory.csv") > 1000
+    assert pretrain["autotuned_kernels"] == 22 and 0 < pretrain["autotune_s"] < summary["first_iteration_s"]
+    sft = gpu_smoke.parse((SMOKE_RUN / "sft.log").read_text())
+    assert [s["dir"] for s in sft["loaded"]] == [pretrain["saved"][-1]["dir"]]
+    assert [it["iteration"] for it in sft["iterations"]] == list(range(1, 41)) and sft["saved"][-1]["iteration"] == 40
+    quantized = gpu_smoke.parse((SMOKE_RUN / "quantize.log").read_text())["quantized"]
+    report = json.loads((SMOKE_RUN / "quantization_report.json").read_text())
+    assert quantized["bits_per_element"] == pytest.approx(report["bits_per_element"], abs=1e-3)
+    assert quantized["relative_logit_error"] == pytest.approx(report["accuracy"]["relative_logit_error"], abs=1e-4)
+    assert report["megatron_checkpoint"] == sft["saved"][-1]["dir"] and report["device"] == "cuda"
 
 
 def test_smoke_table_in_the_readme_is_what_the_script_prints(tmp_path):
@@ -216,6 +225,6 @@ def test_smoke_table_in_the_readme_is_what_the_script_prints(tmp_path):
             (tmp_path / f.name).write_bytes(f.read_bytes())
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
-    table = [line for line in out.splitlines() if line.startswith(("step ", "pretrain ", "resume ", "sft "))]
+    table = [line for line in out.splitlines() if line.startswith(("step ", "pretrain ", "resume ", "sft ", "quantize "))]
     readme = (SMOKE_RUN / "README.md").read_text()
-    assert len(table) == 4 and all(line in readme for line in table), table
+    assert len(table) == 5 and all(line in readme for line in table), table

@@ -12,7 +12,8 @@
 # usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all four, in order; a failed step stops the rest,
 #        unless ULTRA3_SMOKE_KEEP_GOING=1)
 # Writes OUT/<step>.log, OUT/<step>.memory.csv (nvidia-smi memory.used, MiB, every 200 ms) and
-# OUT/versions.json, then prints benchmarks/gpu_smoke.py's table and writes OUT/loss.png.
+# OUT/versions.json, then prints benchmarks/gpu_smoke.py's table and writes OUT/loss.png. Triton prints each
+# autotuning it does (TRITON_PRINT_AUTOTUNING=1 unless set): the table sums them per step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|sft|quantize ...]}
@@ -26,6 +27,7 @@ for step in "${steps[@]}"; do
 done
 
 mkdir -p "$out"
+export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
 env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
 
@@ -52,7 +54,7 @@ for step in "${steps[@]}"; do
         pretrain) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
         resume) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints" train.train_iters=60) ;;
         sft) argv=(sft -c tiny dataset.mock=false) ;;
-        quantize) argv=(quantize -c tiny make_checkpoint=false run.gpus_per_node=1) ;;
+        quantize) argv=(quantize -c tiny make_checkpoint=false bf16_checkpoint=null run.gpus_per_node=1) ;;
     esac
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$step.memory.csv" 2>/dev/null &
     sampler=$!
