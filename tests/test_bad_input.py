@@ -346,6 +346,11 @@ CASES = [
          [r"bf16_checkpoint: /nonexistent/ultra-bf16 does not exist \(set in command line\); run `ultra3 rl mopd` "
           r"or fix the path",
           r"calibration\.path: missing\.jsonl matches no file on this machine; fix the path"]),
+    Case("quantize-input-in-its-own-job-dir", ["quantize", "-c", "tiny", "make_checkpoint=false", "--dry-run"],
+         [r"bf16_checkpoint: \$\{job\.dir\}/tiny-bf16 is inside this job's own new directory, empty until the job "
+          r"starts \(set in configs/quantize/tiny\.yaml\); set bf16_checkpoint=PATH, or bf16_checkpoint=null for the "
+          r"newest mopd-policy or rlvr-policy or sft-checkpoint or pretrain-checkpoint artifact, or "
+          r"make_checkpoint=true to make it$"]),
     Case("quantize-hf-backend-on-many-gpus", ["quantize", "-c", "tiny", "run.gpus_per_node=8", "--dry-run"],
          [r"backend: the hf backend quantizes in one process, but the job has 1 node\(s\) x 8 GPU\(s\)"]),
 ]

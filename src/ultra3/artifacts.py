@@ -20,7 +20,7 @@ from typing import Any
 from .contract import artifact_name, is_manifest, read_store, resolve_ref, sample_dir
 from .errors import ClusterError
 from .findings import Report
-from .paths import config_names
+from .paths import JOB_DIR_PLACEHOLDER, config_names
 from .stages import Input, Stage, producers
 
 JOB_REF = "job:"
@@ -274,6 +274,13 @@ def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | Non
     """Inputs given as paths must exist: an error on this machine, a warning for a cluster (its nodes may
     mount what this machine does not; the job's preflight checks again). A blend.json must name shards."""
     for inp, src in zip(stage.inputs, sources):
+        if src and src.path.startswith(JOB_DIR_PLACEHOLDER):  # nothing is there before the job starts
+            made = f", or {inp.unless}=true to make it" if inp.unless else ""
+            path = src.path.replace(JOB_DIR_PLACEHOLDER, "${job.dir}")
+            report.error(inp.key, f"{path} is inside this job's own new directory, empty until the job starts "
+                                  f"({src.how}); set {inp.key}=PATH, or {inp.key}=null for the newest "
+                                  f"{' or '.join(inp.kinds)} artifact{made}")
+            continue
         if not src or src.pending or not src.path.startswith(("/", "~")):
             continue  # hub ids and repo-relative samples are the stage validator's
         path = os.path.expanduser(src.path)

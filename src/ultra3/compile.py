@@ -18,13 +18,13 @@ from .findings import Report
 from .gpus import visible_gpu_count
 from .nvidia_keys import read_as_ours
 from .nvidia_profile import BUILD
+from .paths import JOB_DIR_PLACEHOLDER
 from .profiles import Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
 from .stages import Stage
 from .validation.precision import settle as settle_precision
 
 Mode = Literal["local", "attached", "detached"]
-JOB_DIR_PLACEHOLDER = "@JOB_DIR@"
 # job.outputs, the stable home of a stage's outputs (checkpoints) across submissions of one config:
 # <job root>/outputs/<stage>/<config>-<digest>, the job root being the directory above the stage's job
 # dirs: a re-submission of the same config resumes there, a changed config (or inputs) starts afresh

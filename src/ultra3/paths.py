@@ -16,6 +16,7 @@ def _shipped(name: str) -> Path:
 
 CONFIGS_DIR = _shipped("configs")
 RECIPES_DIR = _shipped("recipes")
+JOB_DIR_PLACEHOLDER = "@JOB_DIR@"  # ${job.dir} until the submission makes the job's dir
 
 
 def config_names(config_dir: str) -> list[str]:
