@@ -27,4 +27,6 @@ else
 fi
 
 export PATH="$PWD/.venv/bin:$PATH"
-exec python -m pytest --durations=15 "$@"  # the slowest tests, listed at the end
+# two workers (ULTRA3_TEST_WORKERS): the Slurm tests on one, in turn, everything else shared out
+workers=${ULTRA3_TEST_WORKERS:-2}
+exec python -m pytest -n "$workers" --dist loadgroup --durations=15 "$@"  # the slowest tests, listed at the end

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -31,6 +32,8 @@ from .errors import BadRecordError, DataPrepError
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # recipes/
 WARM_WAIT_S = 10
+STARTS = 2  # an embedded Ray whose raylet misses Ray's fixed 30 s registration limit is started once more
+SLOW_START = "timed out during startup"  # ray._private.node's message for that
 
 
 def local_cpus() -> int:
@@ -97,34 +100,43 @@ class Cluster:
             os.environ["RAY_AUTH_MODE"] = "token"
         import ray
 
-        self.ray = ray  # from here on, stop() shuts Ray down, also when ray.init is interrupted
-        try:
-            if self.address:
-                ray.init(address=self.address, runtime_env={"py_modules": [PACKAGE]}, logging_level=logging.ERROR)
-            else:
-                parent = os.path.dirname(PACKAGE)
-                paths = [parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != parent]
-                os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-                ray.init(num_cpus=local_cpus(), num_gpus=0, include_dashboard=False,
-                         object_store_memory=self.object_store_mb << 20, logging_level=logging.ERROR)
-        except BaseException as e:
-            # Ray half started (a failure, or SIGTERM: ray.init installs a handler that exits with 15):
-            # shutdown() cannot reach what it had not registered yet, so its processes are ended here
+        for attempt in range(1, STARTS + 1):
+            self.ray = ray  # from here on, stop() shuts Ray down, also when ray.init is interrupted
             try:
-                self.stop()
-            finally:
-                kill_descendants()
-            if isinstance(e, SystemExit):
-                raise SystemExit(128 + signal.SIGTERM if e.code == signal.SIGTERM else e.code) from None
-            if not isinstance(e, Exception):
-                raise
-            what = f"connect to the Ray cluster at {self.address}" if self.address else "start a local Ray"
-            hint = (" (is RAY_AUTH_MODE/RAY_AUTH_TOKEN the cluster's?)"
-                    if "auth" in repr(e.__cause__ or e).lower() else "")
-            raise ClusterError(f"cannot {what}: {type(e).__name__}: {str(e).splitlines()[0]}{hint}") from None
+                self._init(ray)
+                break
+            except BaseException as e:
+                # Ray half started (a failure, or SIGTERM: ray.init installs a handler that exits with 15):
+                # shutdown() cannot reach what it had not registered yet, so its processes are ended here
+                try:
+                    self.stop()
+                finally:
+                    kill_descendants()
+                if isinstance(e, SystemExit):
+                    raise SystemExit(128 + signal.SIGTERM if e.code == signal.SIGTERM else e.code) from None
+                if not isinstance(e, Exception):
+                    raise
+                if attempt < STARTS and not self.address and SLOW_START in str(e):
+                    print(f"data prep: the local Ray did not register its node within Ray's own limit (a busy "
+                          f"machine?); starting it again ({attempt + 1}/{STARTS})", file=sys.stderr, flush=True)
+                    continue
+                what = f"connect to the Ray cluster at {self.address}" if self.address else "start a local Ray"
+                hint = (" (is RAY_AUTH_MODE/RAY_AUTH_TOKEN the cluster's?)"
+                        if "auth" in repr(e.__cause__ or e).lower() else "")
+                raise ClusterError(f"cannot {what}: {type(e).__name__}: {str(e).splitlines()[0]}{hint}") from None
         signal.signal(signal.SIGTERM, _terminate)  # ray.init installs its own
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
         return ray
+
+    def _init(self, ray) -> None:
+        if self.address:
+            ray.init(address=self.address, runtime_env={"py_modules": [PACKAGE]}, logging_level=logging.ERROR)
+            return
+        parent = os.path.dirname(PACKAGE)
+        paths = [parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != parent]
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+        ray.init(num_cpus=local_cpus(), num_gpus=0, include_dashboard=False,
+                 object_store_memory=self.object_store_mb << 20, logging_level=logging.ERROR)
 
     def stop(self) -> None:
         if self.ray is None:
