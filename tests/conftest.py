@@ -71,6 +71,7 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     return True if any(f"not {mark}" in expr for mark in marks) else None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """The Slurm tests share one cluster and time what it does: under xdist (`--dist loadgroup`, the README's
     test command) they run one after another on one worker while the others take the rest."""
