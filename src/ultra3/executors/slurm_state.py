@@ -76,8 +76,12 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
         st.reason = f"{again}; {st.reason}" if st.reason else again
     causes = [] if acct.returncode == 0 else [_failed("sacct", acct)]
     missing = [r.slurm_id for r in records if r.slurm_id not in found]
-    if missing:
-        queue = run(["squeue", "-h", "-j", ",".join(missing), "-o", "%i|%T|%r"], ssh)
+    # accounting lags the controller: a job pending there without a reason yet (its dependency, its
+    # priority) is asked about in the controller's live queue too
+    unexplained = [r.slurm_id for r in records if r.slurm_id in found and found[r.slurm_id].state == "PENDING"
+                   and not found[r.slurm_id].reason]
+    if missing or unexplained:
+        queue = run(["squeue", "-h", "-j", ",".join(missing + unexplained), "-o", "%i|%T|%r"], ssh)
         for line in queue.stdout.splitlines():
             jid, st, reason = (line.split("|") + ["", ""])[:3]
             found[jid] = State(st, None, "" if reason == "None" else reason, "squeue")
