@@ -59,7 +59,8 @@ def parse(text: str) -> dict:
             quantized.update(zip(("held_out_tokens", "relative_logit_error", "top1_agreement", "perplexity_bf16",
                                   "perplexity_quantized"), map(float, match.groups())))
         elif match := QUANTIZED.search(line):
-            quantized.update(output=match.group(1), bits_per_element=float(match.group(2)), seconds=float(match.group(3)))
+            quantized.update(output=match.group(1), bits_per_element=float(match.group(2)),
+                             seconds=float(match.group(3)))
     return {"iterations": iterations, "memory_gb": memory, "saved": saved, "loaded": loaded, "validation": validation,
             "autotune_s": round(sum(autotuned), 2) if autotuned else None, "autotuned_kernels": len(autotuned),
             "quantized": quantized}

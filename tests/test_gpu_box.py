@@ -225,6 +225,7 @@ def test_smoke_table_in_the_readme_is_what_the_script_prints(tmp_path):
             (tmp_path / f.name).write_bytes(f.read_bytes())
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
-    table = [line for line in out.splitlines() if line.startswith(("step ", "pretrain ", "resume ", "sft ", "quantize "))]
+    rows = ("step ", "pretrain ", "resume ", "sft ", "quantize ")
+    table = [line for line in out.splitlines() if line.startswith(rows)]
     readme = (SMOKE_RUN / "README.md").read_text()
     assert len(table) == 5 and all(line in readme for line in table), table
