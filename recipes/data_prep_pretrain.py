@@ -61,8 +61,8 @@ from dataclasses import dataclass
 
 from .dataprep import blend, encoders, inputs, lock, progress, shards
 from .dataprep import tokenizer as tokenization
-from .dataprep.cluster import Cluster, where
-from .dataprep.errors import BadRecordError, DataPrepError
+from .dataprep.cluster import Cluster
+from .dataprep.errors import DataPrepError
 from .dataprep.files import write_json
 from .dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,
                                 resolve_files, str_value)
@@ -133,16 +133,13 @@ def scan_sources(settings: Settings, files: dict, cache: dict, cluster: Cluster)
         return result
     jobs = [(d.name, path, fmt, d.field) for d in settings.datasets for path, fmt in files[d.name][0]]
     size = sum(os.path.getsize(path) for _, path, _, _ in jobs)
-    if not cluster.address or size <= SCAN_LOCAL_BYTES or len(jobs) == 1:  # the embedded Ray: no more CPUs
-        entries = [inputs.scan(path, fmt, field, cache.get((inputs.shown(path), field))) for _, path, fmt, field in jobs]
+    args = [(path, fmt, field, cache.get((inputs.shown(path), field))) for _, path, fmt, field in jobs]
+    if not cluster.address or size <= SCAN_LOCAL_BYTES or len(jobs) == 1:  # one machine: no more CPUs
+        entries = [inputs.scan(*a) for a in args]
     else:
-        ray = cluster.start()
-        remote = ray.remote(num_cpus=1, max_retries=2)(inputs.scan)
-        refs = [remote.remote(path, fmt, field, cache.get((inputs.shown(path), field))) for _, path, fmt, field in jobs]
-        try:
-            entries = ray.get(refs)
-        except DataPrepError as e:
-            raise DataPrepError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
+        cluster.start()
+        entries = cluster.run_ordered(inputs.scan, args, cluster.cpus, settings.progress_interval, "count inputs",
+                                      lambda rs: f"{sum(r['records'] for r in rs if r):,} records")
     for (name, *_), entry in zip(jobs, entries):
         result.setdefault(name, []).append(entry)
     return result
@@ -180,53 +177,39 @@ def config_hash(settings: Settings, tok: tokenization.TokenizerInfo) -> str:
 
 def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, tok_json: str,
                cluster: Cluster, total_records: int, encoder: str) -> dict:
-    ray = cluster.start()
+    cluster.start()
     workers = settings.workers or max(1, cluster.cpus // settings.cpus_per_task)
-    print(f"{where()}: {cluster.cpus} CPUs; {len(todo)} shard(s) to write, {workers} at a time", flush=True)
-    # a streaming generator per shard: its progress, then its receipt (shards.shard_steps)
-    remote = ray.remote(num_cpus=settings.cpus_per_task, num_returns="streaming")(shards.shard_steps)
-    remote = remote.options(name="write_shard")
-    tok_ref = ray.put(tok_json)
+    print(f"{cluster.where()}: {cluster.cpus} CPUs; {len(todo)} shard(s) to write, {workers} at a time", flush=True)
     queue = sorted(todo, key=lambda t: -t.est_bytes)  # largest first (stable: plan order among equals)
-    inflight: dict = {}
+    tok_ref = cluster.put(tok_json)
+    current = {"encoder": encoder}  # after a fallback, the shards still queued use tokenizers too
+    args = ((task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict, settings.cpus_per_task,
+             current["encoder"], settings.encoder == "gigatoken") for task in queue)
     receipts: dict = {}
     counts: dict = {}  # shard key -> (records, docs, tokens, input bytes) so far
     clock = progress.Clock(settings.progress_interval)
     steady = progress.Steady()
-    try:
-        while queue or inflight:
-            while queue and len(inflight) < workers:
-                task = queue.pop(0)
-                steps = remote.remote(task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict,
-                                      settings.cpus_per_task, encoder, settings.encoder == "gigatoken")
-                inflight[steps] = task
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(settings.progress_interval, 1.0))
-            for steps in ready:
-                task = inflight[steps]
-                try:
-                    step = ray.get(next(steps))
-                except BadRecordError as e:
-                    raise BadRecordError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
-                except encoders.EncoderError as e:
-                    raise DataPrepError(str(getattr(e, "cause", None) or e).splitlines()[-1]) from None
-                if not isinstance(step, dict):
-                    counts[task.key] = step
-                    continue
-                del inflight[steps]
-                receipts[task.key] = step
-                counts[task.key] = (task.records, step["docs"], step["tokens"], step["_input_bytes"])
-                steady.done(step["tokens"], step["_started"])
-                why = step.get("_encoder_fallback")
-                if why and encoder != "tokenizers":  # the shards still queued use tokenizers too
-                    encoder = "tokenizers"
-                    print(f"encoder: tokenizers from here on (gigatoken dropped at {task.key}: {why})", flush=True)
-            if clock.due() or not (queue or inflight):  # and once at the end
-                records, docs, tokens, nbytes = (sum(c[i] for c in counts.values()) for i in range(4))
-                print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
-                                    clock.elapsed), flush=True)
-    finally:
-        for steps in inflight:
-            ray.cancel(steps, force=True)
+    # a generator per shard (shards.shard_steps): its progress, then its receipt
+    for event in cluster.stream(shards.shard_steps, args, workers, settings.cpus_per_task):
+        if event is not None:
+            i, step, last = event
+            task = queue[i]
+            if isinstance(step, DataPrepError):
+                raise step
+            if not last:
+                counts[task.key] = step
+                continue
+            receipts[task.key] = step
+            counts[task.key] = (task.records, step["docs"], step["tokens"], step["_input_bytes"])
+            steady.done(step["tokens"], step["_started"])
+            why = step.get("_encoder_fallback")
+            if why and current["encoder"] != "tokenizers":
+                current["encoder"] = "tokenizers"
+                print(f"encoder: tokenizers from here on (gigatoken dropped at {task.key}: {why})", flush=True)
+        if clock.due() or len(receipts) == len(todo):  # and once at the end
+            records, docs, tokens, nbytes = (sum(c[i] for c in counts.values()) for i in range(4))
+            print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
+                                clock.elapsed), flush=True)
     print(steady.line(), flush=True)
     return receipts
 
@@ -316,7 +299,7 @@ def run(config_path: str) -> int:
     files = resolve_files(settings)
     phases.mark("config, tokenizer, encoder check")
     out = settings.out
-    with lock.holding(out, settings.job), Cluster(settings.object_store_mb) as cluster:
+    with lock.holding(out, settings.job), Cluster(settings.backend, settings.object_store_mb) as cluster:
         cache = {} if settings.force else read_plan_cache(out)
 
         def inputs_and_plan() -> tuple[dict, dict, float]:
@@ -331,7 +314,7 @@ def run(config_path: str) -> int:
             sources, plan, seconds = cluster.start_while(
                 inputs_and_plan, shards.warm, (tok_json, tok.sha256, encoder, settings.cpus_per_task),
                 settings.workers, settings.cpus_per_task)
-            phase = f"Ray start (inputs and plan alongside: {seconds:.1f} s)"
+            phase = f"workers' start (inputs and plan alongside: {seconds:.1f} s)"
         tasks = [t for name in plan for t in plan[name]]
         # nothing has been written up to here; from here on, only under `out`
         os.makedirs(out, exist_ok=True)
@@ -365,16 +348,16 @@ def run(config_path: str) -> int:
                     os.unlink(os.path.join(out, name))
             for t in todo:
                 shards.invalidate(t)
-            if cluster.ray is None:
+            if not cluster.started:
                 cluster.start()
-                phases.mark("Ray start")
+                phases.mark("workers' start")
             written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
             tokens_written = sum(r["tokens"] for r in written.values())
             receipts.update(written)
             phases.mark("shards")
-        if cluster.ray is not None:
+        if cluster.started:
             cluster.stop()
-            phases.mark("Ray stop")
+            phases.mark("workers' stop")
     manifest = write_outputs(settings, tok, files, sources, plan, receipts)
     phases.mark("outputs")
     print(summary(manifest, len(todo), len(tasks) - len(todo), time.time() - started, tokens_written), flush=True)

@@ -55,7 +55,7 @@ import sys
 import time
 
 from .dataprep import hub, inputs, lock
-from .dataprep.cluster import Cluster, run_ordered, where
+from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
 from .dataprep.files import fsync_dir, write_json
 from .dataprep.progress import table
@@ -274,13 +274,13 @@ def prepare(settings: Settings, todo: list, receipts: dict, staging: str) -> Non
     os.makedirs(staging, exist_ok=True)
     try:
         if todo:
-            with Cluster(settings.object_store_mb) as cluster:
-                ray = cluster.start()
+            with Cluster(settings.backend, settings.object_store_mb) as cluster:
+                cluster.start(prepare_blend.__module__)
                 workers = min(settings.workers or cluster.cpus, len(todo))
-                print(f"{PROG}: {where()}, {cluster.cpus} CPUs, {workers} blend task(s) at a time", flush=True)
-                remote = ray.remote(num_cpus=1, max_retries=2)(prepare_blend)
-                done = run_ordered(ray, remote, [(t,) for t in todo], workers, settings.progress_interval, "blends",
-                                   lambda rs: f"{sum(r['rows_in'] for r in rs if r):,} rows")
+                print(f"{PROG}: {cluster.where()}, {cluster.cpus} CPUs, {workers} blend task(s) at a time",
+                      flush=True)
+                done = cluster.run_ordered(prepare_blend, [(t,) for t in todo], workers, settings.progress_interval,
+                                           "blends", lambda rs: f"{sum(r['rows_in'] for r in rs if r):,} rows")
                 receipts.update({t.name: r for t, r in zip(todo, done)})
     except DataPrepError:
         shutil.rmtree(staging, ignore_errors=True)

@@ -64,7 +64,7 @@ from .dataprep import chat, conversations, inputs, lock
 from .dataprep import packed_parquet as pp
 from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
-from .dataprep.cluster import Cluster, run_ordered, where
+from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
 from .dataprep.files import missing_dirs
 from .dataprep.sft_outdir import FORMAT, STAGING, prepare_output, publish
@@ -185,13 +185,13 @@ def run(config_path: str) -> int:
     if markup:
         print(f"{PROG}: warning: {markup}", flush=True)
 
-    with lock.holding(out, settings.job), Cluster() as cluster:
-        ray = cluster.start()
+    with lock.holding(out, settings.job), Cluster(settings.backend) as cluster:
+        cluster.start(conversations.__name__)
         workers = settings.workers or cluster.cpus
         parts = plan_partitions(settings, sources, workers)
         records = sum(p.records for p in parts)
         print(f"{PROG}: {len(settings.datasets)} dataset(s), {records:,} records in {len(parts)} partition(s); "
-              f"{where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
+              f"{cluster.where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
               f"(vocab {tok.vocab_size:,}, pad {tok.eod_token!r}={tok.eod_id}); template {template.name}; "
               f"pack {settings.pack_size:,}, pad_seq_to_mult {settings.pad_seq_to_mult}; output {out}", flush=True)
         created = missing_dirs(out)
@@ -202,11 +202,11 @@ def run(config_path: str) -> int:
         staging = os.path.join(out, f"{STAGING}{uuid.uuid4().hex[:12]}")
         os.makedirs(os.path.join(staging, "parts"))
         try:
-            tok_ref, tpl_ref = ray.put(tok_json), ray.put(template_source)
-            remote = ray.remote(num_cpus=1, max_retries=2)(conversations.tokenize_partition)
-            results = run_ordered(
-                ray, remote, [(p, os.path.join(staging, "parts"), tok_ref, tpl_ref, template.name, settings.strict)
-                              for p in parts], workers, settings.progress_interval, "tokenize",
+            tok_ref, tpl_ref = cluster.put(tok_json), cluster.put(template_source)
+            results = cluster.run_ordered(
+                conversations.tokenize_partition,
+                [(p, os.path.join(staging, "parts"), tok_ref, tpl_ref, template.name, settings.strict) for p in parts],
+                workers, settings.progress_interval, "tokenize",
                 lambda rs: f"{sum(len(r['lengths']) for r in rs if r):,} conversations, "
                            f"{sum(int(r['lengths'].sum()) for r in rs if r):,} tokens")
             corpus, per_dataset, bad = gather(settings, parts, results)
@@ -219,7 +219,6 @@ def run(config_path: str) -> int:
             copies = np.where(lim.keep, copies, 0)
             part_paths = {r["index"]: r["paths"] for r in results}
             row_group = settings.row_group_size or pp.default_row_group_size(settings.pack_size)
-            writer = ray.remote(num_cpus=1, max_retries=2)(out_.write_shard)
             stats, rows_per_shard = {}, None
             t_pack = 0.0
             for s, name in enumerate(out_.SPLITS):
@@ -242,8 +241,9 @@ def run(config_path: str) -> int:
                     shard_args.append((os.path.join(staging, name, out_.SHARD_NAME.format(k)), corpus.part[seq],
                                        corpus.offset[seq], plan.stored[s0:s1], plan.padded[s0:s1],
                                        plan.row_offsets[r0:r1 + 1] - s0, part_paths, tok.eod_id, row_group))
-                rows = run_ordered(ray, writer, shard_args, workers, settings.progress_interval, f"write {name}",
-                                   lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs") if shard_args else []
+                rows = cluster.run_ordered(out_.write_shard, shard_args, workers, settings.progress_interval,
+                                           f"write {name}", lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs"
+                                           ) if shard_args else []
                 stats[name] = split_stats(plan, corpus, settings.pack_size, rows)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

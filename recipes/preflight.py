@@ -231,14 +231,19 @@ def _blend_problems(key: str, path: str) -> list[str]:
 
 
 def data_prep_packages(cfg: dict) -> str | None:
+    """The data extra's packages are installed (found, not imported: the runtime imports them itself, and
+    Ray's import alone takes most of a second); Ray only where the tasks run on it."""
     paths = [str(ds.get("path") or "") for ds in cfg.get("datasets") or []]
-    needed = ["ray", "tokenizers", "pyarrow", "numpy"]
+    needed = ["tokenizers", "pyarrow", "numpy"]
+    on_ray = cfg.get("backend") == "ray" or (cfg.get("backend") in (None, "auto") and (
+        os.environ.get("RAY_ADDRESS") or int(os.environ.get("SLURM_NNODES", "1")) > 1))
+    needed += ["ray"] if on_ray else []
     needed += ["jinja2"] if "chat_template" in cfg else []
     needed += ["zstandard"] if any(p.endswith(".zst") for p in paths) else []
     needed += ["huggingface_hub"] if any(p.startswith("hf://") for p in paths) else []
-    missing = [f"{m} ({err})" for m in needed if (err := _importable(m))]
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
-        return f"not importable: {', '.join(missing)}; install the launcher's `data` extra in the job's Python"
+        return f"not installed: {', '.join(missing)}; install the launcher's `data` extra in the job's Python"
     return None
 
 

@@ -173,7 +173,7 @@ def test_a_local_job_runs_its_script_file(home):
     records.save(record)
     out = io.StringIO()
 
-    final = jobs.follow(record, out, poll=0.2)
+    final = jobs.follow(record, out)
 
     assert (final.state, final.exit_code) == ("COMPLETED", 0), final
     script = Path(record.task_dir, "job.sh")

@@ -54,7 +54,7 @@ def corpus_with_a_long_line(path: Path, line_bytes: int) -> list[str]:
 def test_a_long_line_is_counted_and_never_held(tmp_path, monkeypatch):
     corpus = tmp_path / "c.jsonl"
     docs = corpus_with_a_long_line(corpus, 256 << 20)
-    assert inputs.count_records(str(corpus), "jsonl", "text") == (4, True)
+    assert inputs.count_records(str(corpus), "jsonl", "text")[:2] == (4, True)
     monkeypatch.setattr(line_reader, "BLOCK_BYTES", 1 << 20)
     (tmp_path / "warm.jsonl").write_text('{"text": "imports done before measuring"}\n')
     list(inputs.read_texts(str(tmp_path / "warm.jsonl"), "jsonl", "text", 0, 1, inputs.BadRecords()))

@@ -1,27 +1,38 @@
-"""Ray for the data-prep runtimes: an embedded local Ray by default, or the cluster at `$RAY_ADDRESS`.
+"""Where the data-prep runtimes run their tasks: processes on this machine, or a Ray cluster.
 
-Embedded: `ray.init` on this machine's CPUs (those this process may run on), loopback only
+`backend: auto` (the default) is Ray when `$RAY_ADDRESS` names a cluster (Ray on Slurm across a job's nodes,
+or a Ray job), else processes on this machine; `processes` and `ray` choose one (`ray` without an address
+starts an embedded local Ray). Both run the same task functions and report the same way: the task code never
+knows which ran it.
+
+Processes: a pool of `workers` processes forked from a server process that imported the task's module once
+(`forkserver`), started while the driver counts the inputs and plans: up in about the time of those imports,
+with nothing else to start. A task that is a generator streams its items (progress) to the driver through
+one queue; its last item is its result. A worker that dies (out of memory) stops the run with one line.
+
+Ray: `ray.init` on this machine's CPUs (those this process may run on), loopback only
 (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` makes Ray bind 127.0.0.1 instead of the routable address), no
 dashboard, usage stats off, a small object store (only task arguments and receipts travel through it);
 the workers find the `recipes` package through PYTHONPATH, which they inherit. `ray.shutdown()` at the end
-stops every process it started, all at once with SIGKILL once the driver has disconnected (an embedded Ray
-holds nothing worth the graceful exit Ray would wait for, process after process); a SIGTERM (Slurm's
-scancel) ends the run through the same path.
+stops every process it started, all at once with SIGKILL once the driver has disconnected; a SIGTERM
+(Slurm's scancel) ends the run through the same path. With `$RAY_ADDRESS` it connects instead, and ships
+the `recipes` package to the workers as a runtime-env `py_modules` entry. A generator task is a Ray
+streaming generator.
 
-`$RAY_ADDRESS` set (Ray on Slurm, a Ray job): connect to it; the `recipes` package is shipped to the
-workers as a runtime-env `py_modules` entry, so they need not see this directory.
+Started lazily: a run whose work is all done, or that stops on a config error, starts neither. A run that
+will write shards starts the workers while the driver counts the inputs and plans (`start_while`), with a
+warm-up task each (imports, tokenizer) before the first shard is queued.
 
-Started lazily: a run whose shards are all done, or that stops on a config error, never starts Ray. A run
-that will write shards starts it while the driver counts the inputs and plans on a thread (`start_while`),
-then has the workers start (`warm`: imports, tokenizer) before the first shard is queued.
-
-`run_ordered` runs a list of tasks a few at a time and gives their results, and the first error, in the
-list's order (the SFT and RL data preps).
+`stream` runs tasks a few at a time and gives their items as they come; `run_ordered` gives their results,
+and the first error, in the order of the tasks (the SFT and RL data preps).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as futures
+import inspect
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -31,9 +42,11 @@ import time
 from .errors import BadRecordError, DataPrepError
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # recipes/
+BACKENDS = ("auto", "processes", "ray")
 WARM_WAIT_S = 10
 STARTS = 2  # an embedded Ray whose raylet misses Ray's fixed 30 s registration limit is started once more
 SLOW_START = "timed out during startup"  # ray._private.node's message for that
+TICK_S = 1.0  # the longest `stream` waits before giving the caller a turn (None)
 
 
 def local_cpus() -> int:
@@ -44,21 +57,36 @@ def local_cpus() -> int:
 
 
 class ClusterError(Exception):
-    """Ray could not be started or reached."""
+    """The workers could not be started or reached."""
 
 
 class Cluster:
-    def __init__(self, object_store_mb: int = 256) -> None:
-        self.object_store_mb = object_store_mb
-        self.ray = None
-        self.cpus = 0
+    def __init__(self, backend: str = "auto", object_store_mb: int = 256) -> None:
         self.address = os.environ.get("RAY_ADDRESS") or None
-        self._warming: list = []  # the refs of the warm-up tasks
+        self.backend = ("ray" if self.address else "processes") if backend == "auto" else backend
+        self.object_store_mb = object_store_mb
+        self.ray = None  # Ray's module, once started
+        self.pool = None  # the process pool, once started
+        self.cpus = 0
+        self._warming: list = []  # the warm-up tasks
+
+    @property
+    def started(self) -> bool:
+        return self.ray is not None or self.pool is not None
+
+    def where(self) -> str:
+        if self.backend == "processes":
+            return "processes on this machine"
+        return f"Ray cluster at {self.address}" if self.address else "embedded local Ray"
 
     def start_while(self, work, warm=None, args: tuple = (), slots: int | None = None, cpus_per_task: int = 1):
-        """Start Ray here (ray.init wants the main thread) while `work()` runs on a thread; then queue
-        `warm(*args)` as `slots` tasks (default: the cluster's CPUs / cpus_per_task), so that each starts a
-        worker (waited for only on a multi-node cluster). Returns what `work()` returns, or raises what it raised."""
+        """Start the workers while `work()` runs, then queue `warm(*args)` as `slots` tasks (default: the CPUs
+        / cpus_per_task), so that each starts a worker. Returns what `work()` returns, or raises what it raised."""
+        if self.backend == "processes":  # the pool starts in the background: `work` runs here meanwhile
+            self.start(warm.__module__ if warm else None)
+            if warm is not None:
+                self._warming = [self.pool.submit(warm, *args) for _ in range(slots or self.cpus // cpus_per_task)]
+            return work()
         result: dict = {}
 
         def run_work() -> None:
@@ -69,7 +97,7 @@ class Cluster:
 
         thread = threading.Thread(target=run_work, name="while-ray-starts", daemon=True)
         thread.start()
-        ray = self.start()
+        ray = self.start()  # ray.init wants the main thread
         if warm is not None:
             remote = ray.remote(num_cpus=cpus_per_task)(warm)
             self._warming = [remote.remote(*args) for _ in range(slots or max(1, self.cpus // cpus_per_task))]
@@ -82,11 +110,24 @@ class Cluster:
             ray.wait(self._warming, num_returns=len(self._warming), timeout=WARM_WAIT_S)
         return result["value"]
 
-    def start(self):
-        """Ray, started (or connected to) on the first call."""
-        return self.ray if self.ray is not None else self._start()
+    def start(self, preload: str | None = None):
+        """The workers, started (or Ray connected to) on the first call: Ray's module, or the pool."""
+        if self.started:
+            return self.ray or self.pool
+        if self.backend == "processes":
+            return self._start_pool(preload)
+        return self._start_ray()
 
-    def _start(self):
+    def _start_pool(self, preload: str | None):
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([name for name in ("recipes.dataprep.errors", preload) if name])
+        self.cpus = local_cpus()
+        self.queue = context.SimpleQueue()  # the items of generator tasks, from every worker
+        self.pool = futures.ProcessPoolExecutor(self.cpus, mp_context=context, initializer=_worker_init,
+                                                initargs=(self.queue,))
+        return self.pool
+
+    def _start_ray(self):
         for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_USAGE_STATS_ENABLED", "0"),
                            ("RAY_DEDUP_LOGS", "0")):
             os.environ.setdefault(key, value)
@@ -138,10 +179,127 @@ class Cluster:
         ray.init(num_cpus=local_cpus(), num_gpus=0, include_dashboard=False,
                  object_store_memory=self.object_store_mb << 20, logging_level=logging.ERROR)
 
+    def put(self, value):
+        """A large task argument, sent once (Ray's object store) or with each task (processes)."""
+        return self.ray.put(value) if self.backend == "ray" else value
+
+    def stream(self, fn, args, workers: int, cpus_per_task: int = 1):
+        """Run fn(*a) for each a of the iterable `args` (read as slots free up, so it may depend on what came
+        back before), at most `workers` at a time. Yields (i, item, last) as they come: a generator task's
+        items, its last one with last=True; a plain task's result; (i, error, True) for a task that raised a
+        DataPrepError; and None when nothing came within TICK_S. Any other error is raised."""
+        self.start(fn.__module__)
+        runner = self._ray_tasks if self.backend == "ray" else self._pool_tasks
+        todo = enumerate(args)
+        inflight: dict = {}
+        try:
+            yield from runner(fn, todo, inflight, workers, cpus_per_task)
+        finally:
+            self._cancel(inflight)
+
+    def _pool_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int):
+        generator = inspect.isgeneratorfunction(fn)
+        while True:
+            while len(inflight) < workers and (item := next(todo, None)) is not None:
+                i, a = item
+                inflight[self.pool.submit(_call, i, fn, tuple(a), generator)] = i
+            if not inflight:
+                return
+            done, _ = futures.wait(inflight, timeout=0.2, return_when=futures.FIRST_COMPLETED)
+            live = set(inflight.values())
+            while not self.queue.empty():
+                i, step = self.queue.get()
+                if i in live:
+                    yield i, step, False
+            for future in done:
+                i = inflight.pop(future)
+                try:
+                    yield i, future.result(), True
+                except DataPrepError as e:
+                    yield i, e, True
+                except futures.process.BrokenProcessPool:
+                    raise ClusterError("a worker process ended without finishing its task (killed, or out of "
+                                       "memory?)") from None
+            if not done:
+                yield None
+
+    def _ray_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int):
+        ray = self.ray
+        generator = inspect.isgeneratorfunction(fn)
+        options = {"num_returns": "streaming"} if generator else {"max_retries": 2}
+        remote = ray.remote(num_cpus=cpus_per_task, **options)(fn).options(name=fn.__name__)
+        last: dict = {}  # a generator task's latest item: its result once the generator ends
+        while True:
+            while len(inflight) < workers and (item := next(todo, None)) is not None:
+                i, a = item
+                inflight[remote.remote(*a)] = i
+            if not inflight:
+                return
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=TICK_S)
+            if not ready:
+                yield None
+            for ref in ready:
+                i = inflight[ref]
+                try:
+                    if not generator:
+                        del inflight[ref]
+                        yield i, ray.get(ref), True
+                        continue
+                    try:
+                        step = ray.get(next(ref))
+                    except StopIteration:
+                        del inflight[ref]
+                        yield i, last.pop(i, None), True
+                        continue
+                    if i in last:
+                        yield i, last[i], False
+                    last[i] = step
+                except Exception as e:  # a RayTaskError: a config or input problem is its cause
+                    cause = getattr(e, "cause", None) or e
+                    if not isinstance(cause, DataPrepError):
+                        raise
+                    inflight.pop(ref, None)
+                    yield i, type(cause)(str(cause).splitlines()[-1]), True
+
+    def _cancel(self, inflight: dict) -> None:
+        if self.backend == "ray":
+            for ref in inflight:
+                self.ray.cancel(ref, force=True)
+        elif inflight:  # the pool cannot stop a running task: its workers go
+            self._kill_pool()
+
+    def run_ordered(self, fn, args: list, workers: int, interval: float, label: str, unit,
+                    cpus_per_task: int = 1) -> list:
+        """Run fn(*a) for each a in `args`, at most `workers` at a time; results in argument order. A failure is
+        reported once every earlier task has finished, so the error is the first in input order."""
+        results: list = [None] * len(args)
+        failures: dict = {}
+        done, last = 0, time.time()
+        pending = (a for a in args if not failures)  # no new task after a failure
+        for event in self.stream(fn, pending, workers, cpus_per_task):
+            if event is not None:
+                i, value, finished = event
+                if isinstance(value, DataPrepError):
+                    failures[i] = value
+                elif finished:
+                    results[i] = value
+                    done += 1
+            if time.time() - last >= interval:
+                last = time.time()
+                print(f"{label}: {done}/{len(args)} done, {unit(results)}", flush=True)
+        if failures:
+            first = failures[min(failures)]
+            raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
+        return results
+
     def stop(self) -> None:
+        warming, self._warming = self._warming, []
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool.shutdown(wait=True, cancel_futures=True)
+            return
         if self.ray is None:
             return
-        warming, self._warming = self._warming, []
         try:
             # a warm-up task still running at shutdown (a run stopped by an input error found while Ray
             # started) has the driver's core worker print an error line on stderr: let them end first
@@ -156,12 +314,41 @@ class Cluster:
             self.ray.shutdown()
             self.ray = None
 
+    def _kill_pool(self) -> None:
+        pool, self.pool = self.pool, None
+        for process in list(getattr(pool, "_processes", {}).values()):  # Python 3.14 has kill_workers()
+            process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+
     def __enter__(self) -> Cluster:
         signal.signal(signal.SIGTERM, _terminate)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and self.pool is not None:  # an error or a signal: no waiting for the tasks
+            self._kill_pool()
         self.stop()
+
+
+_queue = None  # in a pool worker: where generator tasks put their items
+
+
+def _worker_init(queue) -> None:
+    global _queue
+    _queue = queue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+
+
+def _call(i: int, fn, args: tuple, generator: bool):
+    """In a pool worker: fn(*args); a generator's items but the last go to the queue, the last is the result."""
+    if not generator:
+        return fn(*args)
+    previous = none = object()
+    for item in fn(*args):
+        if previous is not none:
+            _queue.put((i, previous))
+        previous = item
+    return None if previous is none else previous
 
 
 def kill_descendants() -> None:
@@ -189,43 +376,3 @@ def kill_descendants() -> None:
 def _terminate(signum, frame) -> None:
     signal.signal(signum, signal.SIG_IGN)  # a repeat (recipes.launch passes it on) must not cut the cleanup short
     raise SystemExit(128 + signum)
-
-
-def run_ordered(ray, remote, args: list, workers: int, interval: float, label: str, unit) -> list:
-    """Run remote(*a) for each a in `args`, at most `workers` at a time; results in argument order. A
-    failure is reported once every earlier task has finished, so the error is the first in input order."""
-    results: list = [None] * len(args)
-    failures: dict = {}
-    inflight: dict = {}
-    nxt, done, last = 0, 0, time.time()
-    try:
-        while (nxt < len(args) and not failures) or inflight:
-            while nxt < len(args) and not failures and len(inflight) < workers:
-                inflight[remote.remote(*args[nxt])] = nxt
-                nxt += 1
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
-            for ref in ready:
-                i = inflight.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                    done += 1
-                except Exception as e:  # a RayTaskError; a config/input problem is its cause
-                    cause = getattr(e, "cause", None) or e
-                    if not isinstance(cause, DataPrepError):
-                        raise
-                    failures[i] = cause
-            if time.time() - last >= interval:
-                last = time.time()
-                print(f"{label}: {done}/{len(args)} done, {unit(results)}", flush=True)
-    finally:
-        for ref in inflight:
-            ray.cancel(ref, force=True)
-    if failures:
-        first = failures[min(failures)]
-        raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
-    return results
-
-
-def where() -> str:
-    return f"Ray cluster at {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "embedded local Ray"
-

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .errors import BadRecordError, DataPrepError
-from .line_reader import MAX_RECORD_BYTES, line_blocks, lines, over
+from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, over, plain_count, split, text_blocks
 
 JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet"
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
@@ -34,6 +34,7 @@ BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty
 MAX_EXAMPLES = 5  # places kept per kind of bad record, per shard and per dataset
 FINGERPRINT_BYTES = 1 << 20
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
+MARKS = 1024  # seek marks kept per plain JSONL file, at most
 
 
 def detect_format(path: str) -> str:
@@ -114,9 +115,11 @@ def too_long(where: str, max_bytes: int, bad: BadRecords) -> None:
     bad.add("too_long", where, over(max_bytes))
 
 
-def count_records(path: str, fmt: str, text_field: str, limit: int | None = None) -> tuple[int, bool]:
-    """(records, exhaustive): the file's record count, or `limit` (exhaustive False) when it has at least
-    that many. A Parquet file without the text column is a config error."""
+def count_records(path: str, fmt: str, text_field: str, limit: int | None = None) -> tuple[int, bool, list]:
+    """(records, exhaustive, marks): the file's record count, or `limit` (exhaustive False) when it has at least
+    that many; and for a plain JSONL file its seek marks, [records before, lines before, byte offset] at the
+    start of blocks (at most MARKS, evenly spaced), from which a reader of a later record starts instead of at
+    the file's beginning. A Parquet file without the text column is a config error."""
     if fmt == PARQUET:
         import pyarrow.parquet as pq
 
@@ -128,18 +131,28 @@ def count_records(path: str, fmt: str, text_field: str, limit: int | None = None
         if text_field not in names:
             raise DataPrepError(f"{path} has no column {text_field!r} (text_field); its columns: {', '.join(names)}")
         n = pf.metadata.num_rows
-        return (n, True) if limit is None or n < limit else (limit, n == limit)
-    n = 0
+        return ((n, True) if limit is None or n < limit else (limit, n == limit)) + ([],)
+    n = lineno = 0
+    marks: list = []
+    every = -(-os.path.getsize(path) // (MARKS * BLOCK_BYTES)) if fmt == JSONL else 0
     try:
         with open_binary(path, fmt) as f:
-            for line in lines(f):
-                if not _blank(line):
-                    n += 1
-                    if limit is not None and n >= limit:
-                        return n, False
+            for i, (offset, block) in enumerate(text_blocks(f, BLOCK_BYTES)):
+                if every and i % every == 0:
+                    marks.append([n, lineno, offset])
+                if block is None:  # one line, too long: a record (a bad one)
+                    lines, records = 1, 1
+                elif (records := plain_count(block, len(block))) is not None:  # (a long line is still a record)
+                    lines = records
+                else:
+                    block = split(block, BLOCK_BYTES)
+                    lines, records = len(block), sum(1 for line in block if not _blank(line))
+                if limit is not None and n + records >= limit:
+                    return limit, False, marks
+                n, lineno = n + records, lineno + lines
     except (OSError, EOFError) as e:  # truncated or corrupt compressed data
         raise DataPrepError(f"{path} cannot be read to the end ({type(e).__name__}: {e})") from None
-    return n, True
+    return n, True, marks
 
 
 @dataclass
@@ -233,44 +246,60 @@ def _text(value, text_field: str, where: str, bad: BadRecords, escaped: bool = T
 
 
 def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: BadRecords,
-               max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple]:
+               max_bytes: int = MAX_RECORD_BYTES, mark: list | None = None) -> Iterator[tuple]:
     """Blocks of the good records numbered [start, end) in the file, in order: (input bytes, texts), the texts
-    a pyarrow large_string array."""
+    a pyarrow large_string array. `mark`: a seek mark of the file (count_records) at or before `start`."""
     if fmt == PARQUET:
         yield from _parquet_texts(path, text_field, start, end, bad, max_bytes)
         return
-    n = 0  # record number of the next non-blank line
-    lineno = 0
+    n, lineno, offset = mark if mark and fmt == JSONL else (0, 0, 0)  # records and lines before `offset`
     with open_binary(path, fmt) as f:
-        blocks = line_blocks(f, max_bytes)
-        while n < end and (chunk := next(blocks, None)) is not None:
-            kept, linenos = [], []
-            for lineno, line in enumerate(chunk, lineno + 1):
+        if offset:
+            f.seek(offset)
+        for _, block in text_blocks(f, max_bytes, offset):
+            if n >= end:
+                return
+            if block is None:  # one line, too long
+                lineno += 1
+                if n >= start:
+                    too_long(f"{path}:{lineno}", max_bytes, bad)
+                n += 1
+                continue
+            count = plain_count(block, max_bytes)
+            if count is not None and n + count <= start:  # before the range: only counted
+                n, lineno = n + count, lineno + count
+                continue
+            if count is not None and start <= n and n + count <= end:  # inside it: decoded whole
+                first = lineno + 1
+                yield len(block), _jsonl_block(path, block, count, lambda i: first + i, text_field, bad)
+                n, lineno = n + count, lineno + count
+                continue
+            kept, linenos = [], []  # line by line: blank or too long lines, or an end of the range
+            for lineno, line in enumerate(split(block, max_bytes), lineno + 1):
                 if _blank(line):
                     continue
-                if n >= end:
-                    break
-                if n >= start:
+                if start <= n < end:
                     if line is None:
                         too_long(f"{path}:{lineno}", max_bytes, bad)
                     else:
                         kept.append(line)
                         linenos.append(lineno)
                 n += 1
-            texts = _jsonl_block(path, kept, linenos, text_field, bad) if kept else ()
-            if len(texts):
-                yield sum(map(len, kept)) + len(kept), texts
+            if kept:
+                texts = _jsonl_block(path, b"\n".join(kept), len(kept), linenos.__getitem__, text_field, bad)
+                if len(texts):
+                    yield sum(map(len, kept)) + len(kept), texts
 
 
-def _jsonl_block(path: str, lines: list[bytes], linenos: list[int], text_field: str, bad: BadRecords):
-    """The texts of a block of JSONL records. Arrow's C++ JSON reader decodes the whole block; a block it
-    refuses, or reads otherwise than one record per line (it is more lenient in a few places), or that is
-    not valid UTF-8 throughout, is decoded again line by line, so every bad record is found and placed as
-    if the block had been read line by line."""
+def _jsonl_block(path: str, data: bytes, count: int, lineno, text_field: str, bad: BadRecords):
+    """The texts of a block of `count` JSONL records (`data`: their lines, newline-separated; `lineno(i)`: the
+    line number of the i-th). Arrow's C++ JSON reader decodes the whole block; a block it refuses, or reads
+    otherwise than one record per line (it is more lenient in a few places), or that is not valid UTF-8
+    throughout, is decoded again line by line, so every bad record is found and placed as if the block had
+    been read line by line."""
     import pyarrow as pa
     import pyarrow.json as pj
 
-    data = b"\n".join(lines)
     options = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.large_string())]),
                               unexpected_field_behavior="ignore")
     try:
@@ -279,10 +308,11 @@ def _jsonl_block(path: str, lines: list[bytes], linenos: list[int], text_field: 
                              read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1))
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         table = None
-    if table is None or table.num_rows != len(lines):
-        texts = (_json_text(line, text_field, f"{path}:{n}", bad) for line, n in zip(lines, linenos))
+    if table is None or table.num_rows != count:
+        texts = (_json_text(line, text_field, f"{path}:{lineno(i)}", bad)
+                 for i, line in enumerate(split(data, len(data))))
         return pa.array([t for t in texts if t is not None], pa.large_string())
-    return _checked(table.column(0).combine_chunks(), lambda i: f"{path}:{linenos[i]}", text_field, bad)
+    return _checked(table.column(0).combine_chunks(), lambda i: f"{path}:{lineno(i)}", text_field, bad)
 
 
 def _utf8(data: bytes):
@@ -373,14 +403,14 @@ def scan(path: str, fmt: str, text_field: str, cached: dict | None = None, limit
         raise DataPrepError(f"{path} is not readable ({e.strerror})") from None
     entry = {"path": path, "format": fmt, "text_field": text_field, "fingerprint": fp}
     if cached and all(cached.get(k) == entry[k] for k in entry if k != "path"):  # the same content anywhere
-        n, full = cached["records"], cached["exhaustive"]
+        n, full, marks = cached["records"], cached["exhaustive"], cached.get("marks") or []
         if full:
             return {**entry, "records": n if limit is None else min(n, limit),
-                    "exhaustive": limit is None or n <= limit}
+                    "exhaustive": limit is None or n <= limit, "marks": marks}
         if limit is not None and n >= limit:
-            return {**entry, "records": limit, "exhaustive": False}
-    n, full = count_records(path, fmt, text_field, limit)
-    return {**entry, "records": n, "exhaustive": full}
+            return {**entry, "records": limit, "exhaustive": False, "marks": marks}
+    n, full, marks = count_records(path, fmt, text_field, limit)
+    return {**entry, "records": n, "exhaustive": full, "marks": marks}
 
 
 def row_groups(pf, start: int, end: int) -> tuple[list[int], int | None]:

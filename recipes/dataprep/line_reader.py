@@ -6,39 +6,72 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 BLOCK_BYTES = 8 << 20  # read and split at once
 MAX_RECORD_BYTES = 16 << 20  # max_record_bytes' default
+
+
+def text_blocks(f, max_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes | None]]:
+    """(byte offset, block) of a binary file read BLOCK_BYTES at a time from `offset` (where `f` stands): each
+    block is whole lines, ending with a newline (the file's last block may not). A line longer than `max_bytes`
+    that spans reads comes alone as None: its bytes are dropped as they are read, never held whole (a shorter
+    block may still hold lines over the bound: `split`)."""
+    rest, skipping = b"", False
+    while data := f.read(BLOCK_BYTES):
+        at = offset
+        offset += len(data)
+        if skipping:  # inside a line that is too long: drop its bytes up to its newline
+            cut = data.find(b"\n")
+            if cut < 0:
+                continue
+            data, skipping, at = data[cut + 1:], False, at + cut + 1
+        end = data.rfind(b"\n") + 1
+        if not end:
+            if len(rest) + len(data) > max_bytes:
+                yield at - len(rest), None
+                rest, skipping = b"", True
+            else:
+                rest += data
+            continue
+        yield at - len(rest), (rest + data[:end] if rest else data[:end])
+        rest = data[end:]
+    if len(rest) > max_bytes:
+        yield offset - len(rest), None
+    elif rest:
+        yield offset - len(rest), rest
+
+
+def split(block: bytes, max_bytes: int) -> list[bytes | None]:
+    """A block's lines without their newlines; one longer than `max_bytes` as None."""
+    lines = block.split(b"\n")
+    if block.endswith(b"\n"):
+        lines.pop()  # the empty string after the last newline
+    if len(block) > max_bytes:
+        lines = [line if len(line) <= max_bytes else None for line in lines]
+    return lines
+
+
+def plain_count(block: bytes, max_bytes: int) -> int | None:
+    """The number of lines of a block when every line starts with a byte above space (so none is blank: only
+    a line that is empty or starts with whitespace can be) and none is longer than `max_bytes`: then every line
+    is a record, and the block can be used whole. None otherwise (the block is then read line by line)."""
+    if not block or len(block) > max_bytes or block[0] <= 0x20:
+        return None
+    data = np.frombuffer(block, np.uint8)
+    starts = np.flatnonzero(data == 0x0A) + 1  # of the lines after the first
+    if starts.size and starts[-1] == data.size:
+        starts = starts[:-1]  # the block's final newline starts no line
+    if (data[starts] <= 0x20).any():
+        return None
+    return starts.size + 1
 
 
 def line_blocks(f, max_bytes: int) -> Iterator[list]:
     """The lines of a binary file, without their newlines, in blocks read BLOCK_BYTES at a time. A line longer
     than `max_bytes` comes as None: its bytes are dropped as they are read, never held whole."""
-    rest, skipping = b"", False
-    while data := f.read(BLOCK_BYTES):
-        if skipping:  # inside a line that is too long: drop its bytes up to its newline
-            cut = data.find(b"\n")
-            if cut < 0:
-                continue
-            data, skipping = data[cut + 1:], False
-        end = data.rfind(b"\n") + 1
-        if not end:
-            if len(rest) + len(data) > max_bytes:
-                yield [None]
-                rest, skipping = b"", True
-            else:
-                rest += data
-            continue
-        whole = rest + data[:end] if rest else data[:end]
-        rest = data[end:]
-        block = whole.split(b"\n")
-        block.pop()  # the empty string after the last newline
-        if len(whole) > max_bytes:
-            block = [line if len(line) <= max_bytes else None for line in block]
-        yield block
-    if len(rest) > max_bytes:
-        yield [None]
-    elif rest:
-        yield [rest]
+    for _, block in text_blocks(f, max_bytes):
+        yield [None] if block is None else split(block, max_bytes)
 
 
 def lines(f, max_bytes: int = BLOCK_BYTES) -> Iterator[bytes | None]:

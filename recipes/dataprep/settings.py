@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..contract import INPUT_ERROR_EXIT
 from . import inputs, line_reader
-from .cluster import ClusterError
+from .cluster import BACKENDS, ClusterError
 from .errors import DataPrepError
 
 
@@ -112,6 +112,7 @@ class Run:
     workers: int | None
     hf_cache_dir: str | None
     progress_interval: float
+    backend: str  # cluster.BACKENDS: where the tasks run
 
     @property
     def out(self) -> str:
@@ -153,7 +154,15 @@ def run_values(cfg: dict) -> dict:
         "workers": int_value(cfg, "workers", None, 1, allow_none=True),
         "hf_cache_dir": str_value(cfg, "hf_cache_dir"),
         "progress_interval": float(interval),
+        "backend": _backend(cfg),
     }
+
+
+def _backend(cfg: dict) -> str:
+    backend = cfg.get("backend") or "auto"
+    if backend not in BACKENDS:
+        raise DataPrepError(f"backend must be {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, not {backend!r}")
+    return backend
 
 
 def resolve_files(settings) -> dict:

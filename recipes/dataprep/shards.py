@@ -21,6 +21,7 @@ them).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
@@ -50,6 +51,7 @@ class Piece:
     fingerprint: dict
     start: int  # record numbers in the file, [start, end)
     end: int
+    mark: list | None = None  # where reading starts (inputs.count_records); not in the plan hash: no byte depends on it
 
 
 @dataclass
@@ -94,15 +96,22 @@ def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict]
         for s, first in zip(sources, starts):
             a, b = max(lo, first), min(hi, first + s["records"])
             if a < b:
-                task.pieces.append(Piece(s["path"], s["format"], s["fingerprint"], a - first, b - first))
+                task.pieces.append(Piece(s["path"], s["format"], s["fingerprint"], a - first, b - first,
+                                         _mark(s.get("marks") or [], a - first)))
                 task.est_bytes += s["fingerprint"]["bytes"] * (b - a) // max(s["records"], 1)
         task.plan_hash = hashlib.sha256(json.dumps({
             "format": FORMAT, "tokenizer_sha256": tokenizer_sha, "eod_id": eod_id, "dtype": dtype,
             "text_field": text_field, "max_record_bytes": max_bytes,
-            "pieces": [{k: v for k, v in asdict(p).items() if k != "file"} for p in task.pieces],  # content, not place
+            "pieces": [{k: v for k, v in asdict(p).items() if k not in ("file", "mark")} for p in task.pieces],
         }, sort_keys=True).encode()).hexdigest()
         tasks.append(task)
     return tasks
+
+
+def _mark(marks: list, record: int) -> list | None:
+    """The last seek mark at or before `record`."""
+    i = bisect.bisect_right([m[0] for m in marks], record)
+    return marks[i - 1] if i else None
 
 
 def receipt_path(task: ShardTask) -> str:
@@ -162,7 +171,8 @@ def invalidate(task: ShardTask) -> None:
 def _blocks(task: ShardTask, bad: BadRecords):
     """(input bytes, texts) blocks of the shard's good records, in order (inputs.read_texts)."""
     for piece in task.pieces:
-        yield from read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad, task.max_bytes)
+        yield from read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad, task.max_bytes,
+                              piece.mark)
 
 
 def warm(tokenizer_json: str, tokenizer_sha: str, encoder: str, threads: int = 1) -> None:

@@ -51,7 +51,7 @@ def plain(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def follow(record: JobRecord, out, poll: float = 1.0) -> State:
+def follow(record: JobRecord, out) -> State:
     """Print the log as it grows (reading only the new bytes) until the job ends, or its state can no
     longer be known; return the final state."""
     reader = for_record(record)
@@ -62,11 +62,12 @@ def follow(record: JobRecord, out, poll: float = 1.0) -> State:
         out.write(plain(text))
         out.flush()
         if st.done or st.state == "UNKNOWN":
-            time.sleep(poll)  # the last lines land after the state flips
-            out.write(plain(reader.read_log(record, offset)[0]))
-            out.flush()
+            if reader.settle_s:  # the last lines land after the state flips
+                time.sleep(reader.settle_s)
+                out.write(plain(reader.read_log(record, offset)[0]))
+                out.flush()
             return st
-        time.sleep(poll)
+        time.sleep(reader.poll_s)
 
 
 def cancel(record: JobRecord) -> None:

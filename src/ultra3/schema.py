@@ -172,10 +172,11 @@ _DATA_PREP: Schema = {
     "strict": bool,  # bad records are errors instead of counted and skipped
     "max_bad_fraction": float,  # more bad records than this share of a dataset (or no tokens at all) fails the run
     "max_record_bytes": Count(1),  # a longer line or text is a bad record (too_long), never held whole
-    "workers": Count(1),  # Ray tasks at a time (default: all CPUs)
+    "workers": Count(1),  # tasks at a time (default: all CPUs)
+    "backend": Text(r"auto|processes|ray", "auto, processes or ray"),  # where the tasks run
     "hf_cache_dir": str,  # where hf:// datasets are downloaded first (shared storage)
     "progress_interval": float,  # seconds between progress lines
-    "object_store_mb": int,  # the embedded Ray's object store
+    "object_store_mb": int,  # the embedded Ray's object store (backend: ray)
 }
 
 DATA_PREP_PRETRAIN: Schema = {

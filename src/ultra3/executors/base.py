@@ -25,6 +25,8 @@ class Executor(ABC):
     chains: bool
     runs_here = False  # the job runs on this machine: paths and GPUs seen here are the job's
     asks_image = False  # its jobs run on other machines: a container image (or "" for none) must be chosen
+    poll_s = 1.0  # how often a followed job's state and log are read
+    settle_s = 1.0  # how long its log may still grow after its state says it ended (a shared file system's lag)
     shown_as: str  # the dry run's title for what render() returns
 
     @abstractmethod

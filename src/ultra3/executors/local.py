@@ -31,6 +31,8 @@ class Local(Executor):
     name = "local"
     chains = False
     runs_here = True
+    poll_s = 0.1  # a file and a pid to look at
+    settle_s = 0.0  # the exit code is written after the job's output is closed
     shown_as = "local command"
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
