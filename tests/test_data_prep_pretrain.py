@@ -2,8 +2,9 @@
 YAML config, on real Ray, writing real shards that Megatron-Core's IndexedDataset reads back.
 
 Most runs join one local Ray head started for this module (loopback, 2 CPUs, a small object store, token
-auth), which exercises the `$RAY_ADDRESS` path; the first run and the killed runs of the resume test use
-the embedded Ray that a job starts by default.
+auth), which exercises the `$RAY_ADDRESS` path (`backend: auto` is Ray there); the first run and the killed
+runs of the resume test use the process pool that a job on one machine uses by default, and their shards are
+the same bytes as the Ray runs'.
 """
 
 from __future__ import annotations
@@ -581,6 +582,32 @@ def test_block_decoder_gives_the_texts_and_bad_records_of_line_by_line_decoding(
     assert bad.counts == {"missing_field": 6, "empty_text": 6, "bad_utf8": 6, "invalid_json": 6, "not_a_string": 3}
     assert [e.split(": ")[0] for e in bad.examples["missing_field"]] == [f"{corpus}:{n}" for n in (2, 3, 19, 20, 36)]
     assert [e.split(": ")[0] for e in bad.examples["empty_text"]] == [f"{corpus}:{n}" for n in (4, 7, 21, 24, 38)]
+
+
+@pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])
+def test_a_shard_read_from_a_seek_mark_gets_what_reading_from_the_start_gets(tmp_path, monkeypatch, block_bytes):
+    """count_records leaves marks (records and lines before a byte offset) in a plain JSONL file; a range read
+    from the last mark before it gives the same texts and the same bad records, at the same lines."""
+    from recipes.dataprep import inputs, line_reader
+
+    monkeypatch.setattr(line_reader, "BLOCK_BYTES", block_bytes)
+    corpus = tmp_path / "mixed.jsonl"
+    corpus.write_bytes(b"\n".join(MIXED_LINES * 3) + b"\n")
+    records, full, marks = inputs.count_records(str(corpus), "jsonl", "text")
+    assert full and records == 3 * sum(1 for line in MIXED_LINES if line.strip())
+    assert len(marks) > (1 if block_bytes < 1 << 20 else 0) and marks[0] == [0, 0, 0]
+    for start, end in ((0, records), (5, 23), (17, 18), (records - 2, records)):
+        mark = shards._mark(marks, start)
+        assert mark[0] <= start
+        want_bad, got_bad = inputs.BadRecords(), inputs.BadRecords()
+        want = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, want_bad))
+        got = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, got_bad, mark=mark))
+        assert [t for _, b in got for t in b.to_pylist()] == [t for _, b in want for t in b.to_pylist()]
+        assert (got_bad.counts, got_bad.examples) == (want_bad.counts, want_bad.examples)
+    with open(corpus, "rb") as f, gzip.open(tmp_path / "mixed.jsonl.gz", "wb") as g:
+        g.write(f.read())
+    # a compressed file cannot be sought in: no marks, the same count
+    assert inputs.count_records(str(tmp_path / "mixed.jsonl.gz"), "jsonl.gz", "text") == (records, True, [])
 
 
 def test_a_bad_record_in_the_middle_of_a_decoded_block_is_placed_exactly(tmp_path):

@@ -1,4 +1,4 @@
-"""The data preps' embedded Ray (recipes/dataprep/cluster.py): a start that misses Ray's fixed 30 s node
+"""The data preps' embedded Ray (recipes/dataprep/cluster.py, `backend: ray`): a start that misses Ray's fixed 30 s node
 registration (a busy machine) is tried once more, with a real Ray."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_a_local_ray_that_missed_its_registration_is_started_again(monkeypatch, 
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(cluster.Cluster, "_init", first_one_late)
-    with cluster.Cluster(object_store_mb=80) as c:
+    with cluster.Cluster("ray", object_store_mb=80) as c:
         ray = c.start()
         assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
     assert len(calls) == 2
@@ -41,6 +41,6 @@ def test_a_second_late_start_is_the_one_line_error(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(cluster.Cluster, "_init", always_late)
     with pytest.raises(cluster.ClusterError) as err:
-        cluster.Cluster().start()
+        cluster.Cluster("ray").start()
     assert len(calls) == cluster.STARTS == 2
     assert str(err.value) == f"cannot start a local Ray: Exception: {SLOW}"

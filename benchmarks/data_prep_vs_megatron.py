@@ -1,0 +1,178 @@
+"""`ultra3 data prep pretrain` beside Megatron-LM's fast path (`tools/preprocess_data_fast.py --use-gigatoken`),
+on the same corpus, tokenizer and machine, in one run.
+
+    python benchmarks/data_prep_vs_megatron.py --megatron-lm DIR [--megatron-python PY] [--size-mb 279 [1000]]
+                                               [--runs 5] [--vocab 32000] [--dir /tmp/u3bench-vs-megatron]
+
+Megatron-LM's tools are not on PyPI. Fetch them at the commit these figures were taken with into a scratch
+directory (never into this repository) and give its path:
+
+    git clone https://github.com/NVIDIA/Megatron-LM /tmp/megatron-lm
+    git -C /tmp/megatron-lm checkout d98e8a64ddf34856e74b24714e3bedb2f5a39553
+
+`--megatron-python` is the Python that runs it (default: this one); it needs torch (`torch==2.13.0`), triton,
+transformers, gigatoken, awkward and numpy. Its tools import `typing.override` (Python 3.12+): on an older
+Python a pass-through `sitecustomize.py`, written into --dir, is put first on its PYTHONPATH.
+
+For each --size-mb: generates the corpus as one JSONL file (the English-like stories of
+recipes.samples.make_tiny, seeded; benchmarks/data_prep_pretrain.py's generator), trains a byte-level BPE of
+--vocab tokens on it (cached), then runs, alternating, --runs times each:
+
+- Megatron-LM: `preprocess_data_fast.py --input CORPUS --tokenizer-type HuggingFaceTokenizer --use-gigatoken
+  --append-eod` (the tokenizer's directory has a tokenizer_config.json naming its EOS, so that EOD is appended);
+- ours: `ultra3 data prep pretrain -c tiny datasets=[CORPUS] tokenizer=... num_shards=16 --force` on the
+  embedded default (this machine), the whole command: the launcher, the job, the published artifact.
+
+Each is timed as a whole process (its start to its exit) with the peak RSS of all its processes (sampled
+every 0.1 s); Megatron's own `Elapsed time` (its tokenizing and writing, without its imports) is printed too.
+Then the tokens are compared: Megatron's .bin against our shards' .bin concatenated in shard order must be
+the same bytes. The table gives medians (min-max) and the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import data_prep_pretrain as bench  # noqa: E402  (the corpus, the tokenizer, session_rss)
+
+PINNED = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+SHIM = 'import typing\nif not hasattr(typing, "override"):\n    typing.override = lambda f: f\n'
+
+
+def corpus(work: Path, size_mb: int) -> Path:
+    """One JSONL file of the generated corpus (its parts concatenated)."""
+    path = work / f"corpus-{size_mb}mb.jsonl"
+    if not path.exists():
+        parts = bench.generate(work / f"corpus-{size_mb}mb-jsonl", size_mb, "jsonl")
+        with open(f"{path}.tmp", "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 24)
+        os.replace(f"{path}.tmp", path)
+        shutil.rmtree(work / f"corpus-{size_mb}mb-jsonl")
+    return path
+
+
+def timed(argv: list[str], env: dict, cwd: Path) -> dict:
+    started = time.time()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    out: list = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, bench.session_rss(proc.pid)[0])
+        time.sleep(0.1)
+    wall = time.time() - started
+    reader.join()
+    log = "".join(out)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} ... failed (exit {proc.returncode}):\n{log[-3000:]}")
+    return {"wall": wall, "rss": peak, "log": log}
+
+
+def megatron(args, work: Path, data: Path, tokenizer: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work / "shim"), args.megatron_lm])}
+    prefix = work / "megatron-out" / data.stem
+    prefix.parent.mkdir(exist_ok=True)
+    r = timed([args.megatron_python, "tools/preprocess_data_fast.py", "--input", str(data), "--output-prefix",
+               str(prefix), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer,
+               "--use-gigatoken", "--append-eod"], env, Path(args.megatron_lm))
+    r["inner"] = float(re.search(r"Elapsed time: ([\d.]+) seconds", r["log"])[1])
+    r["bin"] = Path(f"{prefix}_text_document.bin")
+    return r
+
+
+def ours(work: Path, data: Path, tokenizer: str) -> dict:
+    out = work / "ours-out" / data.stem
+    ultra3 = Path(sys.executable).with_name("ultra3")
+    r = timed([str(ultra3), "data", "prep", "pretrain", "-c", "tiny",
+               f"datasets=[{{name: corpus, path: {data}, weight: 1}}]", f"tokenizer={tokenizer}", "num_shards=16",
+               f"output_dir={out}", "--force"], dict(os.environ), REPO)
+    manifest = json.loads((out / "manifest.json").read_text())
+    r["tokens"] = manifest["totals"]["tokens"]
+    r["shards"] = [out / "corpus" / f"shard_{s['index']:06d}.bin" for s in manifest["datasets"][0]["shards"]]
+    r["time_line"] = next(line for line in r["log"].splitlines() if line.startswith("time: "))
+    return r
+
+
+def same_bytes(one: Path, parts: list[Path]) -> bool:
+    with open(one, "rb") as f:
+        for part in parts:
+            with open(part, "rb") as p:
+                while chunk := p.read(1 << 24):
+                    if f.read(len(chunk)) != chunk:
+                        return False
+        return f.read(1) == b""
+
+
+def cell(values: list[float], fmt: str) -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--megatron-lm", required=True, help="a checkout of NVIDIA/Megatron-LM (see above)")
+    parser.add_argument("--megatron-python", default=sys.executable)
+    parser.add_argument("--size-mb", type=int, nargs="+", default=[279])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--dir", default="/tmp/u3bench-vs-megatron")
+    args = parser.parse_args()
+    tool = Path(args.megatron_lm, "tools", "preprocess_data_fast.py")
+    if not tool.is_file():
+        raise SystemExit(f"--megatron-lm: {tool} does not exist; fetch Megatron-LM first: git clone "
+                         f"https://github.com/NVIDIA/Megatron-LM DIR && git -C DIR checkout {PINNED}")
+    work = Path(args.dir)
+    (work / "shim").mkdir(parents=True, exist_ok=True)
+    (work / "shim" / "sitecustomize.py").write_text(SHIM)
+    commit = subprocess.run(["git", "-C", args.megatron_lm, "rev-parse", "HEAD"], capture_output=True, text=True)
+    print(f"machine: {os.cpu_count()} CPUs; Megatron-LM {commit.stdout.strip() or '(not a git checkout)'} run by "
+          f"{args.megatron_python}; ours by {sys.executable}", flush=True)
+    rows = []
+    for size in args.size_mb:
+        data = corpus(work, size)
+        tokenizer = bench.trained_tokenizer(work, [data], args.vocab, 16)
+        Path(tokenizer, "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+        runs: dict = {"megatron": [], "ours": []}
+        for i in range(args.runs):
+            for name in ("megatron", "ours"):
+                r = megatron(args, work, data, tokenizer) if name == "megatron" else ours(work, data, tokenizer)
+                runs[name].append(r)
+                extra = f", its own Elapsed {r['inner']:.2f} s" if name == "megatron" else f"; {r['time_line']}"
+                print(f"  {size} MB run {i + 1} {name}: {r['wall']:.2f} s, peak RSS {r['rss'] / 2**20:.0f} MiB{extra}",
+                      flush=True)
+        m, u = runs["megatron"][-1], runs["ours"][-1]
+        identical = same_bytes(m["bin"], u["shards"])
+        print(f"  {size} MB: {u['tokens']:,} tokens; Megatron's .bin and ours concatenated are "
+              f"{'the same bytes' if identical else 'DIFFERENT'}", flush=True)
+        walls = {k: [r["wall"] for r in v] for k, v in runs.items()}
+        rows.append((size, u["tokens"], identical, walls, [r["inner"] for r in runs["megatron"]],
+                     {k: [r["rss"] / 2**20 for r in v] for k, v in runs.items()}))
+    print(f"\nmedian (min-max) of {args.runs} alternating runs each; whole process, start to exit\n")
+    print(f"{'corpus':>8} {'tokens':>12} {'same bytes':>10} {'Megatron-LM fast path s':>24} "
+          f"{'(its Elapsed s)':>18} {'ultra3 s':>18} {'speed-up':>9} {'Megatron RSS MiB':>17} {'ultra3 RSS MiB':>15}")
+    for size, tokens, identical, walls, inner, rss in rows:
+        ratio = statistics.median(walls["megatron"]) / statistics.median(walls["ours"])
+        print(f"{size:>5} MB {tokens:>12,} {'yes' if identical else 'NO':>10} {cell(walls['megatron'], '.2f'):>24} "
+              f"{cell(inner, '.2f'):>18} {cell(walls['ours'], '.2f'):>18} {ratio:>8.2f}x "
+              f"{statistics.median(rss['megatron']):>17.0f} {statistics.median(rss['ours']):>15.0f}")
+
+
+if __name__ == "__main__":
+    main()
