@@ -3,18 +3,20 @@
     python benchmarks/data_prep_pretrain.py [--size-mb 200 [...]] [--workers 1 2] [--dir /tmp/u3bench]
                                             [--format jsonl.zst|jsonl|parquet] [--tokenizer PATH | --vocab N]
                                             [--encoder auto|gigatoken|tokenizers] [--gigatoken auto|yes|no]
+                                            [--backend processes|ray]
 
 1. Generates a corpus of --size-mb MB of text (JSONL bytes; the English-like stories of
    recipes.samples.make_tiny, seeded) as 8 files in --format, once (kept in --dir for later runs). With
    several sizes, step 2 runs on each (so the peak RSS of each size is printed: memory should be flat in
    the corpus size) and steps 3 and 4 on the last.
-2. Runs the real pipeline (recipes.data_prep_pretrain in a subprocess, embedded Ray, 16 shards,
+2. Runs the real pipeline (recipes.data_prep_pretrain in a subprocess, 16 shards, `backend: --backend`: the
+   process pool of a run on one machine, or an embedded Ray,
    `force: true`, `encoder: --encoder`) once per --workers value; reports wall time, tokens/s, MB/s (corpus
    bytes / wall) and the peak RSS of the whole run (driver + Ray, summed over its processes, sampled every
    0.2 s) and of its largest single process; the shard phase: from the line saying Ray is up to the last
-   shard done (the workers' start-up included, Ray's start and stop not); the steady state, from the run's
+   shard done (the workers' start-up included, their start and stop not); the steady state, from the run's
    own `steady state:` line: all shard tokens over the time from the first shard task starting in a worker
-   to the last one done (Ray's and the workers' start-up excluded; gaps between tasks, per-task overheads
+   to the last one done (the workers' start-up excluded; gaps between tasks, per-task overheads
    and an uneven end included); and where the wall time went, from the run's `time:` line.
 3. Runs the same shard tasks without Ray (`shards.write_shard` in 1 process, or a pool of N): the rate of
    the hot loop (read, encode, write) with no scheduler at all.
@@ -107,15 +109,18 @@ def session_rss(sid: int) -> tuple[int, int]:
     return total, biggest
 
 
-def bench_config(paths: list[Path], tokenizer: str, out: Path, workers: int, encoder: str) -> dict:
-    return {"datasets": [{"name": "bench", "path": str(paths[0].parent / f"part-*.{paths[0].name.split('.', 1)[1]}")}],
+def bench_config(paths: list[Path], tokenizer: str, out: Path, workers: int, encoder: str,
+                 backend: str = "processes") -> dict:
+    pattern = str(paths[0].parent / f"part-*.{paths[0].name.split('.', 1)[1]}")
+    return {"backend": backend, "datasets": [{"name": "bench", "path": pattern}],
             "tokenizer": tokenizer, "output_dir": str(out), "num_shards": 16, "workers": workers, "force": True,
             "progress_interval": 10, "encoder": encoder}
 
 
-def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, work: Path, encoder: str) -> dict:
+def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, work: Path, encoder: str,
+                 backend: str) -> dict:
     config = work / f"bench-w{workers}.yaml"
-    config.write_text(json.dumps(bench_config(paths, tokenizer, out, workers, encoder)))  # JSON is YAML
+    config.write_text(json.dumps(bench_config(paths, tokenizer, out, workers, encoder, backend)))  # JSON is YAML
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
@@ -137,7 +142,7 @@ def run_pipeline(paths: list[Path], tokenizer: str, out: Path, workers: int, wor
     if proc.returncode != 0:
         raise SystemExit(f"the pipeline failed (rc {proc.returncode}):\n{log[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
-    ray_up = next(t for t, x in lines if "shard(s) to write" in x)
+    ray_up = next(t for t, x in lines if "shard(s) to write" in x)  # the workers are up
     last_shard = [t for t, x in lines if x.startswith("progress:")][-1]  # printed as the last shard ends
     phases = next(x[len("time: "):].strip() for _, x in lines if x.startswith("time: "))
     steady = next(re.search(r"\(([\d,]+) tokens of \d+ shard\(s\) in ([\d.]+) s", x) for _, x in lines
@@ -318,7 +323,8 @@ def main() -> None:
                         help="the pipeline's encoder key")
     parser.add_argument("--gigatoken", default="auto", choices=("auto", "yes", "no"),
                         help="the raw gigatoken rates: measure them (installing it into --dir if missing)")
-    parser.add_argument("--no-ray-runs", action="store_true", help="skip the shard tasks run without Ray")
+    parser.add_argument("--backend", default="processes", choices=("processes", "ray"), help="the pipeline's backend")
+    parser.add_argument("--no-ray-runs", action="store_true", help="skip the shard tasks run without a scheduler")
     parser.add_argument("--encoder-mb", type=int, default=64, help="text measured for the raw encoder rates")
     args = parser.parse_args()
     work = Path(args.dir)
@@ -333,16 +339,16 @@ def main() -> None:
     rows = []
     for size, size_paths in corpora.items():
         for workers in args.workers:
-            r = run_pipeline(size_paths, tokenizer, work / f"out-w{workers}", workers, work, args.encoder)
+            r = run_pipeline(size_paths, tokenizer, work / f"out-w{workers}", workers, work, args.encoder, args.backend)
             what = f"{size} MB, pipeline, {workers} worker(s)"
             rows.append((f"{what}, encoder {r['encoder']}: end to end", r["wall"], r["tokens"],
                          r["tokens"] / r["wall"], size * 1e6 / r["wall"] / 1e6, r["peak_rss_sum"], r["peak_rss_one"]))
-            rows.append((f"{what}: shard phase (Ray up to last shard)", r["shard_phase"], r["tokens"],
+            rows.append((f"{what}: shard phase (workers up to last shard)", r["shard_phase"], r["tokens"],
                          r["tokens"] / r["shard_phase"], size * 1e6 / r["shard_phase"] / 1e6, None, None))
             tokens, seconds = r["steady"]
             rows.append((f"{what}: steady state (first shard started to last done)", seconds, tokens,
                          tokens / seconds, None, None, None))
-            print(f"  {rows[-3][0]}: {r['wall']:.1f} s ({r['startup']:.1f} s to Ray up, {r['shard_phase']:.1f} s "
+            print(f"  {rows[-3][0]}: {r['wall']:.1f} s ({r['startup']:.1f} s to workers up, {r['shard_phase']:.1f} s "
                   f"of shards), {r['docs']:,} docs; load average {os.getloadavg()[0]:.2f}\n    where the time "
                   f"went: {r['phases']} (process start to the plan line {r['before_run']:.1f} s)", flush=True)
     if not args.no_ray_runs:

@@ -23,8 +23,9 @@ recipes.samples.make_tiny, seeded; benchmarks/data_prep_pretrain.py's generator)
 - ours: `ultra3 data prep pretrain -c tiny datasets=[CORPUS] tokenizer=... num_shards=16 --force` on the
   embedded default (this machine), the whole command: the launcher, the job, the published artifact.
 
-Each is timed as a whole process (its start to its exit) with the peak RSS of all its processes (sampled
-every 0.1 s); Megatron's own `Elapsed time` (its tokenizing and writing, without its imports) is printed too.
+Each is timed as a whole process (its start to its exit) with the peak RSS of all its processes (its
+process tree, sampled every 0.1 s); Megatron's own `Elapsed time` (its tokenizing and writing, without its
+imports) is printed too.
 Then the tokens are compared: Megatron's .bin against our shards' .bin concatenated in shard order must be
 the same bytes. The table gives medians (min-max) and the ratio of the medians.
 """
@@ -47,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import data_prep_pretrain as bench  # noqa: E402  (the corpus, the tokenizer, session_rss)
+import data_prep_pretrain as bench  # noqa: E402  (the corpus and the tokenizer)
 
 PINNED = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 SHIM = 'import typing\nif not hasattr(typing, "override"):\n    typing.override = lambda f: f\n'
@@ -67,16 +68,34 @@ def corpus(work: Path, size_mb: int) -> Path:
     return path
 
 
+def tree_rss(root: int) -> int:
+    """RSS in bytes of `root` and all its descendants, whatever their session (the local executor starts the
+    job in a session of its own)."""
+    parent, rss = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(pid)], rss[int(pid)] = int(fields[1]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += [child for child, p in parent.items() if p == pid]
+    return total
+
+
 def timed(argv: list[str], env: dict, cwd: Path) -> dict:
     started = time.time()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out: list = []
     reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
     reader.start()
     peak = 0
     while proc.poll() is None:
-        peak = max(peak, bench.session_rss(proc.pid)[0])
+        peak = max(peak, tree_rss(proc.pid))
         time.sleep(0.1)
     wall = time.time() - started
     reader.join()

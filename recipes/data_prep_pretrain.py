@@ -1,4 +1,4 @@
-"""Runtime of `ultra3 data prep pretrain`: tokenize pretraining corpora into Megatron bin/idx shards on Ray.
+"""Runtime of `ultra3 data prep pretrain`: tokenize pretraining corpora into Megatron bin/idx shards.
 
     python -m recipes.data_prep_pretrain --config config.yaml
 
@@ -26,7 +26,8 @@ Config keys (others, such as `run` and `job`, are ignored):
     sample: null         # N: the first N records of each dataset, into output_dir/sample-N
     force: false         # redo every shard
     strict: false        # a bad record stops the run (exit 2)
-    workers: null        # most shard tasks at once (default: the cluster's CPUs / cpus_per_task)
+    workers: null        # most shard tasks at once (default: the CPUs / cpus_per_task)
+    backend: auto        # auto | processes | ray: where the tasks run (auto: Ray with $RAY_ADDRESS, else processes)
     cpus_per_task: 1     # CPUs (tokenizer threads) per shard task
     encoder: auto        # auto | gigatoken | tokenizers: what computes the token ids (the bytes are the same):
                          # auto uses gigatoken where it reproduces the ids of `tokenizers` exactly on a
@@ -35,7 +36,7 @@ Config keys (others, such as `run` and `job`, are ignored):
     hf_cache_dir: null   # where hf:// datasets and hub tokenizers are downloaded (shared storage on clusters)
     verify: size         # how finished shards are checked before being reused: size | checksum
     progress_interval: 30  # seconds between progress lines
-    object_store_mb: 256   # the embedded Ray's object store
+    object_store_mb: 256   # the embedded Ray's object store (backend: ray)
 
 Output (under output_dir, or output_dir/sample-N):
 
@@ -47,7 +48,7 @@ Output (under output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done; 2 a config or input problem (one line on stderr, and nothing written when it is found
 before any shard: missing inputs, an unreadable tokenizer, an empty corpus), or a bad record under strict;
-1 no Ray (one line), or anything else (with its traceback); 143 on SIGTERM.
+1 no workers (one line: Ray unreachable, a worker killed), or anything else (with its traceback); 143 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -307,10 +308,10 @@ def run(config_path: str) -> int:
             sources = scan_sources(settings, files, cache, cluster)
             return sources, make_plan(settings, sources, tok), time.time() - begun
 
-        if cache:  # an earlier run's plan: often nothing left to do, and then Ray is not started at all
+        if cache:  # an earlier run's plan: often nothing left to do, and then no worker is started at all
             sources, plan, _ = inputs_and_plan()
             phase = "inputs and plan"
-        else:  # shards to write: Ray starts while the inputs are counted
+        else:  # shards to write: the workers start while the inputs are counted
             sources, plan, seconds = cluster.start_while(
                 inputs_and_plan, shards.warm, (tok_json, tok.sha256, encoder, settings.cpus_per_task),
                 settings.workers, settings.cpus_per_task)

@@ -21,10 +21,11 @@ Config keys (others, such as `run` and `job`, are ignored):
     sample: null             # N: the first N records of each blend, into output_dir/sample-N
     force: false             # redo even if output_dir already holds this very output
     strict: false            # a bad row stops the run (exit 2) instead of being counted and skipped
-    workers: null            # Ray tasks (one per blend) at a time (default: the cluster's CPUs)
+    workers: null            # tasks (one per blend) at a time (default: the CPUs)
+    backend: auto            # auto | processes | ray: where the tasks run (auto: Ray with $RAY_ADDRESS)
     hf_cache_dir: null       # where hf:// datasets are downloaded
     progress_interval: 30    # seconds between progress lines
-    object_store_mb: 256     # the embedded Ray's object store
+    object_store_mb: 256     # the embedded Ray's object store (backend: ray)
 
 A local source (`split` is then the file itself) is a JSONL (plain/.gz/.zst) or Parquet file, a directory or
 a glob. The rows and the placeholder format: recipes/dataprep/rl_records.py; the split and the writing:
@@ -40,7 +41,7 @@ Output (output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
 written: a missing blend or source, a blend no longer than val_rows, an output_dir holding something else),
-or a bad row under strict (`FILE:LINE: what is wrong; the fix`); 1 Ray could not be started or reached (one
+or a bad row under strict (`FILE:LINE: what is wrong; the fix`); 1 the workers could not be started or reached (one
 line), or anything else (with its traceback); 143 on SIGTERM (the blends finished so far are kept, in
 output_dir/.staging-rl, for the next run to resume from).
 """
@@ -270,7 +271,7 @@ def run(config_path: str) -> int:
 
 
 def prepare(settings: Settings, todo: list, receipts: dict, staging: str) -> None:
-    """The blends left to do, on Ray, into staging; an input problem leaves no staging behind."""
+    """The blends left to do, into staging; an input problem leaves no staging behind."""
     os.makedirs(staging, exist_ok=True)
     try:
         if todo:

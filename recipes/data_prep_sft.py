@@ -29,7 +29,8 @@ Config keys (others, such as `run` and `job`, are ignored):
     sample: null             # N: the first N records of each dataset, into output_dir/sample-N
     force: false             # redo even if output_dir already holds this very output
     strict: false            # a bad record stops the run (exit 2)
-    workers: null            # Ray tasks at a time (default: the cluster's CPUs)
+    workers: null            # tasks at a time (default: the CPUs)
+    backend: auto            # auto | processes | ray: where the tasks run (auto: Ray with $RAY_ADDRESS)
     seed: 1234               # the shuffle of packs (nothing else is random)
     row_group_size: null     # packs per Parquet row group (default ~64 MiB of tokens, at most 1000)
     hf_cache_dir: null       # where hf:// datasets and hub tokenizers are downloaded
@@ -45,7 +46,7 @@ Output (output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
 written: missing inputs, an unreadable tokenizer or template, an empty corpus, an output_dir holding
-something else), or a bad record under strict; 1 Ray could not be started or reached (one line), or
+something else), or a bad record under strict; 1 the workers could not be started or reached (one line), or
 anything else (with its traceback); 143 on SIGTERM.
 """
 

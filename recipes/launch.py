@@ -1,7 +1,7 @@
 """In-job entry point, one per node (`python -m recipes.launch --config config.yaml` in the code dir):
 preflight, then the stage's recipe module (job.recipe) the way its launch kind says: torchrun over this
-node's GPUs; a Ray stage on a Ray cluster spanning the job's nodes (on one node the recipe starts its own
-embedded Ray, or joins $RAY_ADDRESS under a Ray job). The recipe runs as a child process; once it has
+node's GPUs; a Ray stage on a Ray cluster spanning the job's nodes (on one node the recipe runs its own
+workers, or joins $RAY_ADDRESS under a Ray job). The recipe runs as a child process; once it has
 succeeded, the first node publishes the job's declared outputs (job.produces) in the artifact store.
 Stdlib (plus PyYAML) only until the preflight has passed."""
 
