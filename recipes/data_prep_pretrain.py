@@ -191,7 +191,7 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
     clock = progress.Clock(settings.progress_interval)
     steady = progress.Steady()
     # a generator per shard (shards.shard_steps): its progress, then its receipt
-    for event in cluster.stream(shards.shard_steps, args, workers, settings.cpus_per_task):
+    for event in cluster.stream(shards.shard_steps, args, workers, settings.cpus_per_task, name="write_shard"):
         if event is not None:
             i, step, last = event
             task = queue[i]

@@ -183,21 +183,22 @@ class Cluster:
         """A large task argument, sent once (Ray's object store) or with each task (processes)."""
         return self.ray.put(value) if self.backend == "ray" else value
 
-    def stream(self, fn, args, workers: int, cpus_per_task: int = 1):
+    def stream(self, fn, args, workers: int, cpus_per_task: int = 1, name: str | None = None):
         """Run fn(*a) for each a of the iterable `args` (read as slots free up, so it may depend on what came
         back before), at most `workers` at a time. Yields (i, item, last) as they come: a generator task's
         items, its last one with last=True; a plain task's result; (i, error, True) for a task that raised a
-        DataPrepError; and None when nothing came within TICK_S. Any other error is raised."""
+        DataPrepError; and None when nothing came within TICK_S. Any other error is raised. `name`: the tasks'
+        name on Ray (default: the function's)."""
         self.start(fn.__module__)
         runner = self._ray_tasks if self.backend == "ray" else self._pool_tasks
         todo = enumerate(args)
         inflight: dict = {}
         try:
-            yield from runner(fn, todo, inflight, workers, cpus_per_task)
+            yield from runner(fn, todo, inflight, workers, cpus_per_task, name or fn.__name__)
         finally:
             self._cancel(inflight)
 
-    def _pool_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int):
+    def _pool_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int, name: str):
         generator = inspect.isgeneratorfunction(fn)
         while True:
             while len(inflight) < workers and (item := next(todo, None)) is not None:
@@ -223,11 +224,11 @@ class Cluster:
             if not done:
                 yield None
 
-    def _ray_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int):
+    def _ray_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int, name: str):
         ray = self.ray
         generator = inspect.isgeneratorfunction(fn)
         options = {"num_returns": "streaming"} if generator else {"max_retries": 2}
-        remote = ray.remote(num_cpus=cpus_per_task, **options)(fn).options(name=fn.__name__)
+        remote = ray.remote(num_cpus=cpus_per_task, **options)(fn).options(name=name)
         last: dict = {}  # a generator task's latest item: its result once the generator ends
         while True:
             while len(inflight) < workers and (item := next(todo, None)) is not None:
