@@ -60,7 +60,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .dataprep import blend, encoders, inputs, lock, progress, shards
+from .dataprep import bad_records, blend, encoders, inputs, lock, progress, shards
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
@@ -220,11 +220,11 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
 def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: dict, sources: dict, plan: dict,
                   receipts: dict) -> dict:
     out = settings.out
-    datasets, totals_bad = [], inputs.BadRecords()
+    datasets, totals_bad = [], bad_records.BadRecords()
     for d in settings.datasets:
         tasks = plan[d.name]
         splits = blend.assign_splits(d.name, len(tasks), settings.valid_shards, settings.test_shards)
-        bad = inputs.BadRecords()
+        bad = bad_records.BadRecords()
         rows = []
         for task, split in zip(tasks, splits):
             r = receipts[task.key]
@@ -235,8 +235,8 @@ def write_outputs(settings: Settings, tok: tokenization.TokenizerInfo, files: di
                          "idx_sha256": r["idx"]["sha256"], "bad": r["bad"]["counts"]})
         totals_bad.merge(bad.counts, bad.examples)
         tokens = sum(r["tokens"] for r in rows)
-        inputs.check_yield(f"dataset {d.name}", sum(r["records"] for r in rows),
-                           sum(r["docs"] for r in rows) if tokens else 0, bad, settings.max_bad_fraction)
+        bad_records.check_yield(f"dataset {d.name}", sum(r["records"] for r in rows),
+                                sum(r["docs"] for r in rows) if tokens else 0, bad, settings.max_bad_fraction)
         datasets.append({
             "name": d.name, "path": d.path, "weight": d.weight, "text_field": d.field,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),

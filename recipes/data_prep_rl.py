@@ -55,7 +55,7 @@ import shutil
 import sys
 import time
 
-from .dataprep import hub, inputs, lock
+from .dataprep import bad_records, hub, inputs, lock
 from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
 from .dataprep.files import fsync_dir, write_json
@@ -188,9 +188,10 @@ def build_metadata(settings: Settings, fp: str, tasks: list, prov: dict, receipt
         r = receipts[t.name]
         ph = r["placeholders"]
         bad = r["bad"] if isinstance(r["bad"], dict) else {}
-        inputs.check_yield(f"blend {t.name}", r["rows_in"], sum(r[s]["rows"] for s in SPLITS),
-                           inputs.BadRecords(counts=dict(bad.get("counts") or {}), examples=dict(bad.get("examples") or {})),
-                           settings.max_bad_fraction)
+        bad_records.check_yield(f"blend {t.name}", r["rows_in"], sum(r[s]["rows"] for s in SPLITS),
+                                bad_records.BadRecords(counts=dict(bad.get("counts") or {}),
+                                                       examples=dict(bad.get("examples") or {})),
+                                settings.max_bad_fraction)
         blends[t.name] = {
             "source": {"file": prov["source"]["files"][t.name], "revision": prov["source"]["revision"],
                        "format": t.fmt, **t.fingerprint},

@@ -61,7 +61,7 @@ import time
 import uuid
 from dataclasses import asdict
 
-from .dataprep import chat, conversations, inputs, lock
+from .dataprep import bad_records, chat, conversations, inputs, lock
 from .dataprep import packed_parquet as pp
 from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
@@ -139,8 +139,9 @@ def gather(settings: Settings, parts: list, results: list):
 
     index = {d.name: i for i, d in enumerate(settings.datasets)}
     cols: dict = {k: [] for k in ("dataset", "part", "offset", "length", "first_loss", "loss_tokens", "key")}
-    bad_total = inputs.BadRecords()
-    per_dataset = {d.name: {"records": 0, "conversations": 0, "bad": inputs.BadRecords()} for d in settings.datasets}
+    bad_total = bad_records.BadRecords()
+    per_dataset = {d.name: {"records": 0, "conversations": 0, "bad": bad_records.BadRecords()}
+                   for d in settings.datasets}
     for part, r in zip(parts, results):
         n = len(r["lengths"])
         cols["dataset"].append(np.full(n, index[part.dataset], dtype=np.int64))
@@ -278,8 +279,8 @@ def run(config_path: str) -> int:
     for d in settings.datasets:
         mine = corpus.dataset == index[d.name]
         pd = per_dataset[d.name]
-        inputs.check_yield(f"dataset {d.name}", pd["records"], pd["conversations"], pd["bad"],
-                           settings.max_bad_fraction)
+        bad_records.check_yield(f"dataset {d.name}", pd["records"], pd["conversations"], pd["bad"],
+                                settings.max_bad_fraction)
         datasets.append({
             "name": d.name, "path": d.path, "messages_field": d.field, "weight": d.weight,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),

@@ -40,6 +40,7 @@ RUNTIME = [sys.executable, "-m", "recipes.data_prep_pretrain"]
 TINY = REPO / "recipes" / "samples" / "tiny"
 
 from recipes.dataprep import encoders, hub, indexed, shards  # noqa: E402
+from recipes.dataprep.errors import BadRecordError  # noqa: E402
 
 pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
 
@@ -625,7 +626,7 @@ def test_a_bad_record_in_the_middle_of_a_decoded_block_is_placed_exactly(tmp_pat
     assert len(blocks) == 1 and len(blocks[0][1]) == 1998
     assert bad.examples == {"missing_field": [f"{corpus}:1235: no 'text' field"],
                             "empty_text": [f"{corpus}:1501: 'text' is empty"]}
-    with pytest.raises(inputs.BadRecordError, match=f"missing_field.*{corpus}:1235"):
+    with pytest.raises(BadRecordError, match=f"missing_field.*{corpus}:1235"):
         list(inputs.read_texts(str(corpus), "jsonl", "text", 0, 2000, inputs.BadRecords(strict=True)))
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from recipes.dataprep import inputs, line_reader
+from recipes.dataprep.errors import BadRecordError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "samples" / "tiny"
@@ -69,7 +70,7 @@ def test_a_long_line_is_counted_and_never_held(tmp_path, monkeypatch):
     assert bad.examples["too_long"] == [f"{corpus}:2: longer than max_record_bytes (1,048,576 bytes)"]
     # a block read, its cut and its split lines at once, plus the limit: ~5 MiB for 1 MiB blocks and limit
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB reading a 256 MiB line"
-    with pytest.raises(inputs.BadRecordError, match=r"bad record \(too_long\) at .*c.jsonl:2: longer than"):
+    with pytest.raises(BadRecordError, match=r"bad record \(too_long\) at .*c.jsonl:2: longer than"):
         list(inputs.read_texts(str(corpus), "jsonl", "text", 0, 4, inputs.BadRecords(strict=True), 1 << 20))
 
 

@@ -67,6 +67,7 @@ class Cluster:
         self.object_store_mb = object_store_mb
         self.ray = None  # Ray's module, once started
         self.pool = None  # the process pool, once started
+        self.queue = None  # the pool's: the items of generator tasks, from every worker
         self.cpus = 0
         self._warming: list = []  # the warm-up tasks
 
@@ -85,7 +86,8 @@ class Cluster:
         if self.backend == "processes":  # the pool starts in the background: `work` runs here meanwhile
             self.start(warm.__module__ if warm else None)
             if warm is not None:
-                self._warming = [self.pool.submit(warm, *args) for _ in range(slots or self.cpus // cpus_per_task)]
+                count = slots or max(1, self.cpus // cpus_per_task)
+                self._warming = [self.pool.submit(warm, *args) for _ in range(count)]
             return work()
         result: dict = {}
 
@@ -122,7 +124,7 @@ class Cluster:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([name for name in ("recipes.dataprep.errors", preload) if name])
         self.cpus = local_cpus()
-        self.queue = context.SimpleQueue()  # the items of generator tasks, from every worker
+        self.queue = context.SimpleQueue()
         self.pool = futures.ProcessPoolExecutor(self.cpus, mp_context=context, initializer=_worker_init,
                                                 initargs=(self.queue,))
         return self.pool

@@ -3,7 +3,7 @@
 A partition is a contiguous range of records of one dataset (possibly across its files), numbered the way
 `inputs` numbers them. For each record: parse it (JSONL line or Parquet row), validate the messages
 (`chat.conversation`), render them through the chat template, tokenize once with offsets and mask
-(`chat.encode`). Bad records are counted by kind with their `file:line` (`inputs.BadRecords`).
+(`chat.encode`). Bad records are counted by kind with their `file:line` (`bad_records.BadRecords`).
 
 Output, written atomically under the run's staging directory:
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import chat
-from .inputs import PARQUET, BadRecords, open_binary, row_groups, too_long
+from .bad_records import BadRecords
+from .inputs import PARQUET, open_binary, row_groups, too_long
 from .line_reader import lines
 from .files import tmp_name
 

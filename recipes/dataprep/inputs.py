@@ -5,7 +5,7 @@ Formats: JSON Lines, plain, gzip or zstd compressed (recognised by their magic b
 is called), and Parquet. A *record* is a non-blank line of a JSONL file or a row of a Parquet file; record
 numbers count from 0 in each file, in file order. Blank lines are skipped everywhere and are not records.
 
-A record whose text cannot be used is a *bad record*, one of BAD_KINDS; a record longer than
+A record whose text cannot be used is a *bad record*, one of bad_records.BAD_KINDS; a record longer than
 `max_record_bytes` is one too ("too_long"), skipped without ever being held whole, so a reader's memory
 stays within line_reader.BLOCK_BYTES + max_record_bytes whatever the length of a line. It is counted (with the first
 few places it happened, as `file:line` or `file:row=N`) and skipped, or under `strict` it stops the run.
@@ -21,17 +21,15 @@ import io
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from .errors import BadRecordError, DataPrepError
+from .bad_records import BadRecords
+from .errors import DataPrepError
 from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, over, plain_count, split, text_blocks
 
 JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet"
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
 EXTENSIONS = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz", ".jsonl.zst", ".json.zst",
               ".ndjson.zst", ".jsonl.zstd", ".parquet")
-BAD_KINDS = ("invalid_json", "missing_field", "not_a_string", "bad_utf8", "empty_text", "too_long")
-MAX_EXAMPLES = 5  # places kept per kind of bad record, per shard and per dataset
 FINGERPRINT_BYTES = 1 << 20
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 MARKS = 1024  # seek marks kept per plain JSONL file, at most
@@ -153,52 +151,6 @@ def count_records(path: str, fmt: str, text_field: str, limit: int | None = None
     except (OSError, EOFError) as e:  # truncated or corrupt compressed data
         raise DataPrepError(f"{path} cannot be read to the end ({type(e).__name__}: {e})") from None
     return n, True, marks
-
-
-@dataclass
-class BadRecords:
-    """Counts of bad records by kind, with the first MAX_EXAMPLES places of each kind."""
-
-    strict: bool = False
-    counts: dict = field(default_factory=dict)
-    examples: dict = field(default_factory=dict)
-
-    def add(self, kind: str, where: str, detail: str) -> None:
-        if self.strict:
-            raise BadRecordError(f"bad record ({kind}) at {where}: {detail} (strict: true)")
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        seen = self.examples.setdefault(kind, [])
-        if len(seen) < MAX_EXAMPLES:
-            seen.append(f"{where}: {detail}")
-
-    def merge(self, counts: dict, examples: dict) -> None:
-        for kind, n in counts.items():
-            self.counts[kind] = self.counts.get(kind, 0) + n
-        for kind, places in examples.items():
-            seen = self.examples.setdefault(kind, [])
-            seen += places[: MAX_EXAMPLES - len(seen)]
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def first(self) -> str:
-        return next((f"{places[0]} ({kind})" for kind, places in self.examples.items() if places), "")
-
-    def to_json(self) -> dict:
-        order = {k: i for i, k in enumerate(BAD_KINDS)}
-        kinds = sorted(self.counts, key=lambda k: (order.get(k, len(order)), k))
-        return {"counts": {k: self.counts[k] for k in kinds}, "examples": {k: self.examples[k] for k in kinds}}
-
-
-def check_yield(what: str, records: int, good: int, bad: BadRecords, max_bad: float) -> None:
-    """A dataset that gives nothing to train on, or with more bad records than `max_bad` of them, fails the run
-    (nothing is published): the count and the first bad record say why."""
-    if good and bad.total <= max_bad * records:
-        return
-    first = f"; first: {bad.first()}" if bad.total else ""
-    raise DataPrepError(f"{what}: {bad.total:,} of {records:,} records are bad and {good:,} usable (max_bad_fraction "
-                        f"{max_bad:g}){first}; fix the input, or raise max_bad_fraction to accept them")
 
 
 def _json_text(line: bytes, text_field: str, where: str, bad: BadRecords) -> str | None:

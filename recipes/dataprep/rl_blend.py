@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 
 from . import rl_records as records
 from .errors import BadRecordError, DataPrepError
-from .inputs import BadRecords, open_binary
+from .bad_records import BadRecords
+from .inputs import open_binary
 from .line_reader import lines, over
 from .files import TMP_MARK, fsync_dir, tmp_name, write_json
 

@@ -36,7 +36,8 @@ import numpy as np
 from . import encoders
 from .indexed import IndexedWriter
 from .files import TMP_MARK, fsync_dir, sha256_file, tmp_name, write_json
-from .inputs import BadRecords, read_texts
+from .bad_records import BadRecords
+from .inputs import read_texts
 
 FORMAT = "ultra3-binidx/1"
 SHARD_NAME = "shard_{:06d}"
