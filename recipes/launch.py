@@ -275,8 +275,7 @@ def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:
             f.write("done\n")
         ray.shutdown()
         _wait_for_workers_to_stop(tag, int(os.environ.get("SLURM_NNODES", "1")) - 1)
-        head.terminate()  # --block: stops every Ray process it started
-        head.wait(timeout=120)
+        stop_ray(head, temp)
 
 
 def _wait_for_workers_to_stop(tag: str, workers: int) -> None:
@@ -304,12 +303,23 @@ def _ray_worker(cfg: dict, tag: str, temp: str) -> int:
             if worker.poll() is not None:
                 return worker.returncode or 1
             time.sleep(1)
-        worker.terminate()
-        worker.wait(timeout=120)
+        stop_ray(worker, temp)
         return 0
     finally:  # what the head waits for before it stops
         with open(f"{tag}.stopped-{os.environ.get('SLURM_NODEID', '0')}", "w") as f:
             f.write("stopped\n")
+
+
+def stop_ray(node: subprocess.Popen, temp: str) -> None:
+    """Stop this node's `ray start --block`, which stops every Ray process it started, once it has started
+    them all (it writes `ray_current_cluster` last): a SIGTERM in the middle of its start can leave a process
+    it is starting behind (a dashboard agent, a raylet), which outlives the head's GCS in the job's step."""
+    deadline = time.time() + WAIT_S
+    while not os.path.exists(os.path.join(temp, "ray_current_cluster")) and node.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.2)
+    node.terminate()
+    node.wait(timeout=120)
 
 
 def _connect(ray, address: str, head: subprocess.Popen) -> None:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -207,6 +208,39 @@ def test_launch_passes_sigterm_on_to_its_child_and_returns_its_exit_code(tmp_pat
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, out + err
     assert (code / "got").read_text() == "TERM"
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
+
+
+@pytest.mark.heavy
+def test_a_ray_node_stopped_as_soon_as_it_starts_leaves_no_process_behind(tmp_path, monkeypatch):
+    # what a worker node does when the job's driver ends while its `ray start` is still starting
+    from recipes import launch
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    temp = tempfile.mkdtemp(prefix="ray-t-", dir="/tmp")  # Ray's socket paths must stay short
+    try:
+        node = launch._ray_start({"job": {}}, "127.0.0.1", temp, "--head", f"--port={launch.free_port('127.0.0.1')}",
+                                 "--include-dashboard=false", "--num-cpus=1")
+        launch.stop_ray(node, temp)
+        assert node.returncode is not None
+        assert os.path.exists(os.path.join(temp, "ray_current_cluster"))  # stopped once fully started
+        time.sleep(1)
+        assert not processes_mentioning(temp), processes_mentioning(temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 RANK_FILE = '''import os, sys

@@ -26,7 +26,9 @@ def finish(cli, job_id: str, state: str = "COMPLETED (exit code 0)") -> tuple[st
     ended = wait_for(lambda: (r := cli("jobs", "status", job_id, prog="nemotron")).rc == 0 and
                      any(s in r.out for s in ("COMPLETED", "FAILED", "CANCELLED")) and r, timeout=300, interval=2)
     logs = cli("jobs", "logs", job_id, prog="nemotron").out
-    assert ended and f"state:     {state}" in ended.out, (ended and ended.out, logs[-3000:])
+    if not (ended and f"state:     {state}" in ended.out):  # the whole status and log tail, untruncated
+        pytest.fail(f"job {job_id} did not end {state}:\n{ended and ended.out}\n--- log tail ---\n{logs[-6000:]}",
+                    pytrace=False)
     return ended.out, logs
 
 
