@@ -2,8 +2,9 @@
 its `scripts/training/prepare_gpt_sft_packed_data.py` runs), on the same conversations, tokenizer, chat template
 and machine, in one run.
 
-    python benchmarks/sft_prep_vs_bridge.py --bridge-python PY [--conversations 50000] [--pack-size 4096]
-                                            [--runs 3] [--vocab 32000] [--dir /tmp/u3bench-sft-vs-bridge]
+    python benchmarks/sft_prep_vs_bridge.py --bridge-python PY [--conversations 10000] [--pack-size 4096]
+                                            [--runs 3] [--bridge-workers CPUS] [--vocab 32000]
+                                            [--dir /tmp/u3bench-sft-vs-bridge]
 
 `--bridge-python` is a Python with megatron-bridge 0.6.x and its Megatron-Core, torch (`torch==2.13.0`),
 transformers, datasets and pyarrow, e.g. a scratch venv:
@@ -23,7 +24,9 @@ naming `<|im_end|>` as EOS and holding our nemotron3 template as `chat_template`
 text through the same template and the same tokenizer. Alternating, --runs times each:
 
 - Megatron-Bridge: `prepare_gpt_sft_packed_data(..., dataset_kwargs={chat: true,
-  use_hf_tokenizer_chat_template: true}, num_tokenizer_workers=<CPUs>)` into packed Parquet, one split;
+  use_hf_tokenizer_chat_template: true}, num_tokenizer_workers=--bridge-workers)` into packed Parquet, one
+  split. --bridge-workers defaults to the CPUs, its fastest here (PackedSequenceSpecs' own default, -1,
+  tokenizes serially: 64 s against 38 s for 5,000 conversations on the 2-core VM);
 - ours: `ultra3 data prep sft -c tiny datasets=[...] tokenizer=DIR pack_size=N valid_ratio=0 test_ratio=0
   --force` on the embedded default (this machine), the whole command.
 
@@ -77,7 +80,7 @@ prepare_gpt_sft_packed_data(
     output_metadata_path=out / "metadata.jsonl",
     packed_sequence_size=pack, tokenizer=tokenizer, max_seq_length=pack, seed=1234,
     packing_algorithm="first_fit_shuffle", dataset_kwargs={"chat": True, "use_hf_tokenizer_chat_template": True},
-    pad_seq_to_mult=1, num_tokenizer_workers=os.cpu_count(), dataset_builder=build_gpt_sft_split)
+    pad_seq_to_mult=1, num_tokenizer_workers=int(sys.argv[5]), dataset_builder=build_gpt_sft_split)
 print(f"Elapsed time: {time.time() - started:.2f} seconds")
 '''
 
@@ -136,7 +139,8 @@ def bridge(args, work: Path, data: Path, tok: str) -> dict:
     runner.write_text(RUNNER)
     out = work / "bridge-out"
     env = {**os.environ, "PYTHONPATH": str(work / "shim"), "TOKENIZERS_PARALLELISM": "false"}
-    r = vs.timed([args.bridge_python, str(runner), str(data), tok, str(out), str(args.pack_size)], env, work)
+    r = vs.timed([args.bridge_python, str(runner), str(data), tok, str(out), str(args.pack_size),
+                  str(args.bridge_workers)], env, work)
     r["inner"] = float(r["log"].rsplit("Elapsed time: ", 1)[1].split()[0])
     r["totals"] = totals(sorted(out.glob("*.parquet")))
     return r
@@ -155,9 +159,11 @@ def ours(args, work: Path, data: Path, tok: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bridge-python", required=True, help="a Python with megatron-bridge 0.6.x (see above)")
-    parser.add_argument("--conversations", type=int, default=50000)
+    parser.add_argument("--conversations", type=int, default=10000)
     parser.add_argument("--pack-size", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bridge-workers", type=int, default=os.cpu_count(),
+                        help="its num_tokenizer_workers (default: the CPUs; 1 or less: serial)")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--dir", default="/tmp/u3bench-sft-vs-bridge")
     args = parser.parse_args()

@@ -611,6 +611,28 @@ def test_a_shard_read_from_a_seek_mark_gets_what_reading_from_the_start_gets(tmp
     assert inputs.count_records(str(tmp_path / "mixed.jsonl.gz"), "jsonl.gz", "text") == (records, True, [])
 
 
+@pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
+def test_a_range_that_ends_inside_a_block_of_records_is_still_decoded_whole(tmp_path, monkeypatch, block_bytes):
+    """Blocks with no blank or long line: the lines of a range that starts or ends inside one are sliced out
+    and decoded at once (no line-by-line split), with what reading line by line gives, bad records included."""
+    from recipes.dataprep import inputs, line_reader
+
+    monkeypatch.setattr(line_reader, "BLOCK_BYTES", block_bytes)
+    lines = [json.dumps({"text": f"document {i} " + "x" * (i % 37)}) for i in range(500)]
+    lines[123], lines[300] = '{"text": null}', '{"text": " "}'
+    corpus = tmp_path / "plain.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    for start, end in ((0, 500), (7, 8), (37, 263), (123, 124), (299, 301), (499, 500)):
+        want_bad, got_bad = inputs.BadRecords(), inputs.BadRecords()
+        want = _line_by_line(corpus, start, end, want_bad)
+        with monkeypatch.context() as m:
+            m.setattr(inputs, "split", lambda *a: pytest.fail("a block was split line by line"))
+            got = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, got_bad))
+        assert [t for _, texts in got for t in texts.to_pylist()] == want
+        assert (got_bad.counts, got_bad.examples) == (want_bad.counts, want_bad.examples)
+        assert sum(size for size, _ in got) == sum(len(line) + 1 for line in lines[start:end])
+
+
 def test_a_bad_record_in_the_middle_of_a_decoded_block_is_placed_exactly(tmp_path):
     """One block of 2,000 records, decoded by Arrow in one go: the null, the blank text and (strict) the
     first of them still name their own lines."""

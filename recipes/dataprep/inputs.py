@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from .bad_records import BadRecords
 from .errors import DataPrepError
-from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, over, plain_count, split, text_blocks
+from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, over, plain_starts, split, text_blocks
 
 JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet"
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
@@ -140,8 +140,8 @@ def count_records(path: str, fmt: str, text_field: str, limit: int | None = None
                     marks.append([n, lineno, offset])
                 if block is None:  # one line, too long: a record (a bad one)
                     lines, records = 1, 1
-                elif (records := plain_count(block, len(block))) is not None:  # (a long line is still a record)
-                    lines = records
+                elif (starts := plain_starts(block, len(block))) is not None:  # (a long line is still a record)
+                    lines = records = len(starts)
                 else:
                     block = split(block, BLOCK_BYTES)
                     lines, records = len(block), sum(1 for line in block if not _blank(line))
@@ -217,13 +217,15 @@ def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: 
                     too_long(f"{path}:{lineno}", max_bytes, bad)
                 n += 1
                 continue
-            count = plain_count(block, max_bytes)
-            if count is not None and n + count <= start:  # before the range: only counted
-                n, lineno = n + count, lineno + count
-                continue
-            if count is not None and start <= n and n + count <= end:  # inside it: decoded whole
-                first = lineno + 1
-                yield len(block), _jsonl_block(path, block, count, lambda i: first + i, text_field, bad)
+            starts = plain_starts(block, max_bytes)
+            if starts is not None:  # every line a record: the lines of the range, decoded at once
+                count = len(starts)
+                a, b = max(start - n, 0), min(end - n, count)
+                if a < b:
+                    lo, hi = int(starts[a]), int(starts[b]) if b < count else len(block)
+                    first = lineno + a + 1
+                    yield hi - lo, _jsonl_block(path, block[lo:hi] if hi - lo < len(block) else block, b - a,
+                                                lambda i: first + i, text_field, bad)
                 n, lineno = n + count, lineno + count
                 continue
             kept, linenos = [], []  # line by line: blank or too long lines, or an end of the range

@@ -52,10 +52,11 @@ def split(block: bytes, max_bytes: int) -> list[bytes | None]:
     return lines
 
 
-def plain_count(block: bytes, max_bytes: int) -> int | None:
-    """The number of lines of a block when every line starts with a byte above space (so none is blank: only
-    a line that is empty or starts with whitespace can be) and none is longer than `max_bytes`: then every line
-    is a record, and the block can be used whole. None otherwise (the block is then read line by line)."""
+def plain_starts(block: bytes, max_bytes: int):
+    """The byte offsets at which a block's lines start (a numpy array, 0 first) when every line starts with a
+    byte above space (so none is blank: only a line that is empty or starts with whitespace can be) and none is
+    longer than `max_bytes`: then every line is a record, and any run of lines can be used whole. None otherwise
+    (the block is then read line by line)."""
     if not block or len(block) > max_bytes or block[0] <= 0x20:
         return None
     data = np.frombuffer(block, np.uint8)
@@ -64,7 +65,7 @@ def plain_count(block: bytes, max_bytes: int) -> int | None:
         starts = starts[:-1]  # the block's final newline starts no line
     if (data[starts] <= 0x20).any():
         return None
-    return starts.size + 1
+    return np.concatenate(([0], starts))
 
 
 def line_blocks(f, max_bytes: int) -> Iterator[list]:
