@@ -27,7 +27,9 @@ Each is timed as a whole process (its start to its exit) with the peak RSS of al
 process tree, sampled every 0.1 s); Megatron's own `Elapsed time` (its tokenizing and writing, without its
 imports) is printed too.
 Then the tokens are compared: Megatron's .bin against our shards' .bin concatenated in shard order must be
-the same bytes. The table gives medians (min-max) and the ratio of the medians.
+the same bytes; and our run's steady state (its `steady state:` line: the tokens of all shards over the shard
+phase) is set beside gigatoken's own rate on 32 MB of the same text, on 1 thread and on all. The table gives
+medians (min-max) and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -127,7 +129,34 @@ def ours(work: Path, data: Path, tokenizer: str) -> dict:
     r["tokens"] = manifest["totals"]["tokens"]
     r["shards"] = [out / "corpus" / f"shard_{s['index']:06d}.bin" for s in manifest["datasets"][0]["shards"]]
     r["time_line"] = next(line for line in r["log"].splitlines() if line.startswith("time: "))
+    r["steady"] = float(re.search(r"steady state: ([\d.]+)M tokens/s", r["log"])[1])
     return r
+
+
+def raw_gigatoken(data: Path, tokenizer: str) -> dict:
+    """gigatoken's own rate (M tokens/s) on the first 32 MB of the corpus's texts, called as the shard tasks
+    call it (`encode_batch` on the texts' Arrow buffers, about 8 MB of text a batch), on 1 thread and on all:
+    the ceiling the steady state is held to. The first batch is encoded once untimed (the tokenizer's caches)."""
+    import gigatoken
+    import numpy as np
+    import pyarrow as pa
+
+    from recipes.dataprep.encoders import _awkward_strings
+
+    texts = bench.sample_texts([data], 32_000_000)
+    cuts = np.searchsorted(np.cumsum([len(t) for t in texts]), np.arange(8_000_000, 32_000_000, 8_000_000))
+    batches = [_awkward_strings(pa.array(part, pa.large_string()))
+               for part in np.split(np.array(texts, dtype=object), cuts) if len(part)]
+    rates = {}
+    for label, parallel in (("1 thread", False), ("all threads", True)):
+        encoder = gigatoken.Tokenizer.from_json(Path(tokenizer, "tokenizer.json").read_text()).backend
+        encoder.encode_batch(batches[0], parallel=parallel)
+        tokens, started = 0, time.perf_counter()
+        for batch in batches:
+            offsets = np.asarray(encoder.encode_batch(batch, parallel=parallel).layout.offsets)
+            tokens += int(offsets[-1] - offsets[0])
+        rates[label] = tokens / (time.perf_counter() - started) / 1e6
+    return rates
 
 
 def same_bytes(one: Path, parts: list[Path]) -> bool:
@@ -173,9 +202,16 @@ def main() -> None:
             for name in ("megatron", "ours"):
                 r = megatron(args, work, data, tokenizer) if name == "megatron" else ours(work, data, tokenizer)
                 runs[name].append(r)
-                extra = f", its own Elapsed {r['inner']:.2f} s" if name == "megatron" else f"; {r['time_line']}"
+                extra = (f", its own Elapsed {r['inner']:.2f} s" if name == "megatron" else
+                         f"; steady state {r['steady']:.2f} M tokens/s; {r['time_line']}")
                 print(f"  {size} MB run {i + 1} {name}: {r['wall']:.2f} s, peak RSS {r['rss'] / 2**20:.0f} MiB{extra}",
                       flush=True)
+        raw = raw_gigatoken(data, tokenizer)
+        steady = statistics.median(r["steady"] for r in runs["ours"])
+        print(f"  {size} MB: our steady state (tokens of all shards over the shard phase, 2 workers) "
+              f"{cell([r['steady'] for r in runs['ours']], '.2f')} M tokens/s; gigatoken alone on these cores "
+              f"{', '.join(f'{k} {v:.2f}' for k, v in raw.items())} M tokens/s: "
+              f"{', '.join(f'{steady / v:.0%} of {k}' for k, v in raw.items())}", flush=True)
         m, u = runs["megatron"][-1], runs["ours"][-1]
         identical = same_bytes(m["bin"], u["shards"])
         print(f"  {size} MB: {u['tokens']:,} tokens; Megatron's .bin and ours concatenated are "

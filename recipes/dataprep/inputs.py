@@ -135,7 +135,7 @@ def count_records(path: str, fmt: str, text_field: str, limit: int | None = None
     every = -(-os.path.getsize(path) // (MARKS * BLOCK_BYTES)) if fmt == JSONL else 0
     try:
         with open_binary(path, fmt) as f:
-            for i, (offset, block) in enumerate(text_blocks(f, BLOCK_BYTES)):
+            for i, (offset, block) in enumerate(text_blocks(f, BLOCK_BYTES, rewind=fmt == JSONL)):
                 if every and i % every == 0:
                     marks.append([n, lineno, offset])
                 if block is None:  # one line, too long: a record (a bad one)
@@ -208,7 +208,7 @@ def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: 
     with open_binary(path, fmt) as f:
         if offset:
             f.seek(offset)
-        for _, block in text_blocks(f, max_bytes, offset):
+        for _, block in text_blocks(f, max_bytes, offset, rewind=fmt == JSONL):
             if n >= end:
                 return
             if block is None:  # one line, too long

@@ -12,11 +12,14 @@ BLOCK_BYTES = 8 << 20  # read and split at once
 MAX_RECORD_BYTES = 16 << 20  # max_record_bytes' default
 
 
-def text_blocks(f, max_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes | None]]:
+def text_blocks(f, max_bytes: int, offset: int = 0,
+                rewind: bool = False) -> Iterator[tuple[int, bytes | memoryview | None]]:
     """(byte offset, block) of a binary file read BLOCK_BYTES at a time from `offset` (where `f` stands): each
     block is whole lines, ending with a newline (the file's last block may not). A line longer than `max_bytes`
     that spans reads comes alone as None: its bytes are dropped as they are read, never held whole (a shorter
-    block may still hold lines over the bound: `split`)."""
+    block may still hold lines over the bound: `split`). `rewind` (a plain file, where seeking back is cheap):
+    a block's last, partial line is read again with the next block, so the block is a memoryview of what was
+    read, not a copy."""
     rest, skipping = b"", False
     while data := f.read(BLOCK_BYTES):
         at = offset
@@ -34,6 +37,12 @@ def text_blocks(f, max_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes
             else:
                 rest += data
             continue
+        if rewind and not rest:
+            if end < len(data):
+                f.seek(end - len(data), 1)
+                offset = at + end
+            yield at, memoryview(data)[:end]
+            continue
         yield at - len(rest), (rest + data[:end] if rest else data[:end])
         rest = data[end:]
     if len(rest) > max_bytes:
@@ -44,6 +53,7 @@ def text_blocks(f, max_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes
 
 def split(block: bytes, max_bytes: int) -> list[bytes | None]:
     """A block's lines without their newlines; one longer than `max_bytes` as None."""
+    block = bytes(block)  # (a memoryview from text_blocks)
     lines = block.split(b"\n")
     if block.endswith(b"\n"):
         lines.pop()  # the empty string after the last newline
