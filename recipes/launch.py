@@ -313,8 +313,10 @@ def _ray_worker(cfg: dict, tag: str, temp: str) -> int:
 def stop_ray(node: subprocess.Popen, temp: str) -> None:
     """Stop this node's `ray start --block`, which stops every Ray process it started, once it has started
     them all (it writes `ray_current_cluster` last): a SIGTERM in the middle of its start can leave a process
-    it is starting behind (a dashboard agent, a raylet), which outlives the head's GCS in the job's step."""
-    deadline = time.time() + WAIT_S
+    it is starting behind (a dashboard agent, a raylet), which outlives the head's GCS in the job's step.
+    A node joined the cluster before the driver started, so what is left of its start takes seconds: it
+    gets STOP_WAIT_S, what the head gives the workers to stop."""
+    deadline = time.time() + STOP_WAIT_S
     while not os.path.exists(os.path.join(temp, "ray_current_cluster")) and node.poll() is None \
             and time.time() < deadline:
         time.sleep(0.2)
