@@ -37,11 +37,12 @@ def text_blocks(f, max_bytes: int, offset: int = 0,
             else:
                 rest += data
             continue
-        if rewind and not rest:
+        if rewind:  # the partial line after the last newline is read again with the next block
             if end < len(data):
                 f.seek(end - len(data), 1)
                 offset = at + end
-            yield at, memoryview(data)[:end]
+            yield at - len(rest), (rest + data[:end] if rest else memoryview(data)[:end])
+            rest = b""
             continue
         yield at - len(rest), (rest + data[:end] if rest else data[:end])
         rest = data[end:]
