@@ -225,16 +225,17 @@ def processes_mentioning(text: str) -> list[str]:
 @pytest.mark.heavy
 def test_a_ray_node_stopped_as_soon_as_it_starts_leaves_no_process_behind(tmp_path, monkeypatch):
     # what a worker node does when the job's driver ends while its `ray start` is still starting
-    from recipes import launch
+    from recipes import ray_nodes
 
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     temp = tempfile.mkdtemp(prefix="ray-t-", dir="/tmp")  # Ray's socket paths must stay short
     try:
-        node = launch._ray_start({"job": {}}, "127.0.0.1", temp, "--head", f"--port={launch.free_port('127.0.0.1')}",
-                                 "--include-dashboard=false", "--num-cpus=1")
-        launch.stop_ray(node, temp)
+        node = ray_nodes._ray_start({"job": {}}, "127.0.0.1", temp, "--head",
+                                    f"--port={ray_nodes.free_port('127.0.0.1')}", "--include-dashboard=false",
+                                    "--num-cpus=1")
+        ray_nodes.stop_ray(node, temp)
         assert node.returncode is not None
         assert os.path.exists(os.path.join(temp, "ray_current_cluster"))  # stopped once fully started
         time.sleep(1)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import launch, rl
+from recipes import ray_nodes, rl
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = json.loads((REPO / "src/ultra3/nemo_rl_api/record.json").read_text())
@@ -238,7 +238,7 @@ def test_topo_rank(monkeypatch, env, rank):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: the rank only
-    assert launch.topology_resources() == {"topo_rank": rank}
+    assert ray_nodes.topology_resources() == {"topo_rank": rank}
 
 
 @pytest.mark.parametrize("uuid_line, domain", [
@@ -255,4 +255,4 @@ def test_nvlink_domain_from_nvidia_smi(monkeypatch, tmp_path, uuid_line, domain)
     monkeypatch.setenv("SLURM_NODEID", "2")
     monkeypatch.delenv("SLURM_TOPOLOGY_ADDR_PATTERN", raising=False)
     expected = {"topo_rank": 3, **({domain: 1} if domain else {})}
-    assert launch.topology_resources() == expected
+    assert ray_nodes.topology_resources() == expected
