@@ -168,7 +168,7 @@ def run_without_ray(paths: list[Path], tokenizer: str, out: Path, workers: int, 
 
     settings = pipeline.parse_settings(bench_config(paths, tokenizer, out, workers, encoder))
     tok, tok_json = tokenization.load(settings.tokenizer)
-    chosen, _ = encoders.choose(settings.encoder, tok_json)
+    chosen, _ = encoders.choose(settings.encoder, tok_json, tok.sha256)
     files = pipeline.resolve_files(settings)
     with pipeline.Cluster() as cluster:  # started only for inputs too big to count here
         plan = pipeline.make_plan(settings, pipeline.scan_sources(settings, files, {}, cluster), tok)

@@ -295,76 +295,86 @@ def run(config_path: str) -> int:
     started = time.time()
     phases = progress.Phases()
     settings = parse_settings(load_config(config_path))
-    tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
-    encoder, why_not = encoders.choose(settings.encoder, tok_json)
     files = resolve_files(settings)
-    phases.mark("config, tokenizer, encoder check")
     out = settings.out
-    with lock.holding(out, settings.job), Cluster(settings.backend, settings.object_store_mb) as cluster:
-        cache = {} if settings.force else read_plan_cache(out)
+    cache = {} if settings.force else read_plan_cache(out)
+    with Cluster(settings.backend, settings.object_store_mb) as cluster:
+        if not cache and cluster.backend == "processes":  # shards to write: the workers' imports start now
+            cluster.start(*shards.PRELOAD)
+        tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
+        phases.mark("config, tokenizer")
+        warm = (shards.warm, (tok_json, tok.sha256, settings.encoder, settings.cpus_per_task), settings.workers,
+                settings.cpus_per_task)
+        # `cluster` again: stopped inside the lock, so that no worker outlives it
+        with lock.holding(out, settings.job), cluster:
+            cache = {} if settings.force else read_plan_cache(out)
 
-        def inputs_and_plan() -> tuple[dict, dict, float]:
-            begun = time.time()
-            sources = scan_sources(settings, files, cache, cluster)
-            return sources, make_plan(settings, sources, tok), time.time() - begun
+            def inputs_and_plan() -> tuple[dict, dict, float]:
+                begun = time.time()
+                sources = scan_sources(settings, files, cache, cluster)
+                return sources, make_plan(settings, sources, tok), time.time() - begun
 
-        if cache:  # an earlier run's plan: often nothing left to do, and then no worker is started at all
-            sources, plan, _ = inputs_and_plan()
-            phase = "inputs and plan"
-        else:  # shards to write: the workers start while the inputs are counted
-            sources, plan, seconds = cluster.start_while(
-                inputs_and_plan, shards.warm, (tok_json, tok.sha256, encoder, settings.cpus_per_task),
-                settings.workers, settings.cpus_per_task)
-            phase = f"workers' start (inputs and plan alongside: {seconds:.1f} s)"
-        tasks = [t for name in plan for t in plan[name]]
-        # nothing has been written up to here; from here on, only under `out`
-        os.makedirs(out, exist_ok=True)
-        write_json(os.path.join(out, "plan.json"), {
-            "format": shards.FORMAT,
-            "sources": [{**s, "path": inputs.shown(s["path"])} for d in settings.datasets for s in sources[d.name]],
-            "shards": [{"dataset": t.dataset, "index": t.index, "records": t.records, "plan_hash": t.plan_hash,
-                        "pieces": [{"file": inputs.shown(p.file), "start": p.start, "end": p.end} for p in t.pieces]}
-                       for t in tasks],
-        })
-        for name, ds_tasks in plan.items():
-            os.makedirs(os.path.join(out, name), exist_ok=True)
-            shards.clean_dataset_dir(os.path.join(out, name), len(ds_tasks))
-        receipts, todo = {}, []
-        for t in tasks:
-            r = None if settings.force else shards.read_receipt(t, settings.verify)
-            if r is None:
-                todo.append(t)
-            else:
-                receipts[t.key] = r
-        print(f"{PROG}: {len(settings.datasets)} dataset(s), {len(tasks)} shard(s) ({len(todo)} to write, "
-              f"{len(receipts)} done); tokenizer {tok.source} (vocab {tok.vocab_size:,}, EOD {tok.eod_token!r}="
-              f"{tok.eod_id}, {tok.dtype}); encoder {encoder}; output {out}", flush=True)
-        if why_not:
-            print(f"encoder: tokenizers ({why_not})", flush=True)
-        phases.mark(phase)
-        tokens_written = 0
-        if todo:
-            for name in ("blend.json", "manifest.json"):  # stale until this run ends
-                if os.path.exists(os.path.join(out, name)):
-                    os.unlink(os.path.join(out, name))
-            for t in todo:
-                shards.invalidate(t)
-            if not cluster.started:
-                cluster.start()
-                phases.mark("workers' start")
-            written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
-            tokens_written = sum(r["tokens"] for r in written.values())
-            receipts.update(written)
-            phases.mark("shards")
-        if cluster.started:
-            cluster.stop()
-            phases.mark("workers' stop")
+            if cache:  # an earlier run's plan: often nothing left to do, and then no worker is started at all
+                sources, plan, _ = inputs_and_plan()
+                phase = "inputs and plan"
+            else:  # shards to write: the workers start (and check the encoder) while the inputs are counted
+                sources, plan, seconds = cluster.start_while(inputs_and_plan, *warm)
+                phase = f"workers' start (inputs and plan alongside: {seconds:.1f} s)"
+            tasks = [t for name in plan for t in plan[name]]
+            found = {t.key: None if settings.force else shards.read_receipt(t, settings.verify) for t in tasks}
+            receipts = {key: r for key, r in found.items() if r is not None}
+            todo = [t for t in tasks if found[t.key] is None]
+            encoder = why_not = None
+            if todo:  # the workers' encoder check, before anything is written
+                if not cluster.warming:
+                    cluster.start_while(lambda: None, *warm)
+                    phase += ", workers' start"
+                encoder, why_not = cluster.warmed()
+                if not encoder:
+                    raise encoders.EncoderError(why_not)
+            # nothing has been written up to here; from here on, only under `out`
+            write_plan(out, settings, sources, plan, tasks)
+            print(f"{PROG}: {len(settings.datasets)} dataset(s), {len(tasks)} shard(s) ({len(todo)} to write, "
+                  f"{len(receipts)} done); tokenizer {tok.source} (vocab {tok.vocab_size:,}, EOD {tok.eod_token!r}="
+                  f"{tok.eod_id}, {tok.dtype}); encoder {encoder or 'not needed'}; output {out}", flush=True)
+            if why_not:
+                print(f"encoder: tokenizers ({why_not})", flush=True)
+            phases.mark(phase)
+            tokens_written = 0
+            if todo:
+                for name in ("blend.json", "manifest.json"):  # stale until this run ends
+                    if os.path.exists(os.path.join(out, name)):
+                        os.unlink(os.path.join(out, name))
+                for t in todo:
+                    shards.invalidate(t)
+                written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
+                tokens_written = sum(r["tokens"] for r in written.values())
+                receipts.update(written)
+                phases.mark("shards")
+            if cluster.started:
+                cluster.stop()
+                phases.mark("workers' stop")
     manifest = write_outputs(settings, tok, files, sources, plan, receipts)
     phases.mark("outputs")
     print(summary(manifest, len(todo), len(tasks) - len(todo), time.time() - started, tokens_written), flush=True)
     print(phases.line(), flush=True)
     print(f"wrote {os.path.join(out, 'blend.json')} and manifest.json", flush=True)
     return 0
+
+
+def write_plan(out: str, settings: Settings, sources: dict, plan: dict, tasks: list) -> None:
+    """`plan.json` (the inputs' counts, read again by the next run), the datasets' directories, cleaned."""
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, "plan.json"), {
+        "format": shards.FORMAT,
+        "sources": [{**s, "path": inputs.shown(s["path"])} for d in settings.datasets for s in sources[d.name]],
+        "shards": [{"dataset": t.dataset, "index": t.index, "records": t.records, "plan_hash": t.plan_hash,
+                    "pieces": [{"file": inputs.shown(p.file), "start": p.start, "end": p.end} for p in t.pieces]}
+                   for t in tasks],
+    })
+    for name, ds_tasks in plan.items():
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        shards.clean_dataset_dir(os.path.join(out, name), len(ds_tasks))
 
 
 def main(argv: list[str] | None = None) -> int:

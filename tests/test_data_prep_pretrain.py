@@ -381,8 +381,8 @@ def test_encoders_agree_on_the_calibration_strings():
     got = encoders.GigatokenEncoder(tok_json).encode(texts, 0, np.dtype("uint16"))
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     assert want[0].dtype == np.uint16 and want[1].sum() == want[0].size and (want[0][np.cumsum(want[1]) - 1] == 0).all()
-    assert encoders.choose("auto", tok_json) == ("gigatoken", None)
-    assert encoders.choose("tokenizers", tok_json) == ("tokenizers", None)
+    assert encoders.choose("auto", tok_json, "sha") == ("gigatoken", None)
+    assert encoders.choose("tokenizers", tok_json, "sha") == ("tokenizers", None)
 
 
 # ---- dtype -----------------------------------------------------------------------------------------------

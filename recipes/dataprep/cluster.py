@@ -75,6 +75,10 @@ class Cluster:
     def started(self) -> bool:
         return self.ray is not None or self.pool is not None
 
+    @property
+    def warming(self) -> bool:
+        return bool(self._warming)
+
     def where(self) -> str:
         if self.backend == "processes":
             return "processes on this machine"
@@ -84,7 +88,7 @@ class Cluster:
         """Start the workers while `work()` runs, then queue `warm(*args)` as `slots` tasks (default: the CPUs
         / cpus_per_task), so that each starts a worker. Returns what `work()` returns, or raises what it raised."""
         if self.backend == "processes":  # the pool starts in the background: `work` runs here meanwhile
-            self.start(warm.__module__ if warm else None)
+            self.start(*([warm.__module__] if warm else []))
             if warm is not None:
                 count = slots or max(1, self.cpus // cpus_per_task)
                 self._warming = [self.pool.submit(warm, *args) for _ in range(count)]
@@ -112,21 +116,24 @@ class Cluster:
             ray.wait(self._warming, num_returns=len(self._warming), timeout=WARM_WAIT_S)
         return result["value"]
 
-    def start(self, preload: str | None = None):
-        """The workers, started (or Ray connected to) on the first call: Ray's module, or the pool."""
+    def start(self, *preload: str):
+        """The workers, started (or Ray connected to) on the first call: Ray's module, or the pool, whose
+        processes start at once, forked from a server that imported the modules `preload` first."""
         if self.started:
             return self.ray or self.pool
         if self.backend == "processes":
             return self._start_pool(preload)
         return self._start_ray()
 
-    def _start_pool(self, preload: str | None):
+    def _start_pool(self, preload: tuple):
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([name for name in ("recipes.dataprep.errors", preload) if name])
+        context.set_forkserver_preload(["recipes.dataprep.errors", *preload])  # (one that fails to import: skipped)
         self.cpus = local_cpus()
         self.queue = context.SimpleQueue()
         self.pool = futures.ProcessPoolExecutor(self.cpus, mp_context=context, initializer=_worker_init,
                                                 initargs=(self.queue,))
+        for _ in range(self.cpus):  # a process per task submitted while none is idle: all of them, now
+            self.pool.submit(_ready)
         return self.pool
 
     def _start_ray(self):
@@ -184,6 +191,14 @@ class Cluster:
     def put(self, value):
         """A large task argument, sent once (Ray's object store) or with each task (processes)."""
         return self.ray.put(value) if self.backend == "ray" else value
+
+    def warmed(self):
+        """What the first of the warm-up tasks (start_while) to end returned: a check made where the tasks run."""
+        if self.backend == "ray":
+            ready, _ = self.ray.wait(self._warming, num_returns=1)
+            return self.ray.get(ready[0])
+        done, _ = futures.wait(self._warming, return_when=futures.FIRST_COMPLETED)
+        return next(iter(done)).result()
 
     def stream(self, fn, args, workers: int, cpus_per_task: int = 1, name: str | None = None):
         """Run fn(*a) for each a of the iterable `args` (read as slots free up, so it may depend on what came
@@ -334,6 +349,10 @@ class Cluster:
 
 
 _queue = None  # in a pool worker: where generator tasks put their items
+
+
+def _ready() -> None:
+    """A task that only has a worker process started."""
 
 
 def _worker_init(queue) -> None:

@@ -10,12 +10,13 @@ Two implementations of the same function:
 
 `encoder: auto` (the default) picks gigatoken when it imports, loads the tokenizer and gives the ids of
 `tokenizers` on a calibration sample: TRICKY (unicode, whitespace runs, digits, emoji, control
-characters) plus the text of every added token, checked once by the driver (`choose`), and again inside
-every shard task on those strings plus the first CALIBRATION_DOCS documents (at most CALIBRATION_CHARS
-characters) of the shard (`ShardEncoder`). On any mismatch the run falls back to `tokenizers`, with one
-log line saying why. `encoder: gigatoken` makes a mismatch an error; `encoder: tokenizers` never uses
-gigatoken. The shards' bytes are the same whichever encoder wrote them, so the encoder is not part of the
-plan hash, the receipts or the manifest.
+characters) plus the text of every added token. The workers check it before their first shard (`choose`,
+from shards.warm: where the shards are encoded), and every shard task checks the first CALIBRATION_DOCS
+documents (at most CALIBRATION_CHARS characters) of its shard, with TRICKY too in a process that has not
+checked it yet (`ShardEncoder`). On any mismatch the run falls back to `tokenizers`, with one log line
+saying why. `encoder: gigatoken` makes a mismatch an error; `encoder: tokenizers` never uses gigatoken.
+The shards' bytes are the same whichever encoder wrote them, so the encoder is not part of the plan hash,
+the receipts or the manifest.
 """
 
 from __future__ import annotations
@@ -109,10 +110,6 @@ class GigatokenEncoder:
 
         return ak.to_numpy(ak.flatten(batch, axis=1)), ak.num(batch, axis=1).to_numpy()
 
-    def ids_list(self, texts: list[str]) -> list[list[int]]:
-        """Without awkward (cheaper to import): for the driver's check."""
-        return self.backend.encode_batch_list(texts, parallel=False)
-
     def encode(self, texts, eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         return with_eod(*self.ids(texts), eod_id, dtype)
 
@@ -178,25 +175,26 @@ def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(counts.sum())), counts
 
 
-def choose(mode: str, tokenizer_json: str) -> tuple[str, str | None]:
-    """The driver's check: (encoder to use, why gigatoken is not used or None). `mode: gigatoken` and
-    gigatoken unusable: an EncoderError."""
+def choose(mode: str, tokenizer_json: str, sha: str) -> tuple[str, str | None]:
+    """The run's check, made in a worker before the first shard (shards.warm): (encoder to use, why gigatoken
+    is not used or None). `mode: gigatoken` and gigatoken unusable: an EncoderError."""
     if mode == "tokenizers":
         return "tokenizers", None
     why = None
     try:
-        fast = GigatokenEncoder(tokenizer_json)
+        fast = _cached("gigatoken", tokenizer_json, sha)
     except ImportError as e:
         why = f"gigatoken is not installed ({_first_line(e)})"
     except Exception as e:  # gigatoken refuses what it cannot encode: another model, normalizer, pre-tokenizer
         why = f"gigatoken cannot load this tokenizer ({_first_line(e)})"
     else:
-        texts = tricky_texts(tokenizer_json)
+        texts = _tricky(tokenizer_json, sha)
         try:
-            why = first_difference(HFEncoder(tokenizer_json).ids(texts), _flatten(fast.ids_list(texts)), texts)
+            why = first_difference(_cached("tokenizers", tokenizer_json, sha).ids(texts), fast.ids(texts), texts)
         except Exception as e:
             why = f"gigatoken failed on the calibration strings ({_first_line(e)})"
     if why is None:
+        _PASSED.add(sha)
         return "gigatoken", None
     if mode == "gigatoken":
         raise EncoderError(f"encoder: gigatoken cannot be used: {why} (encoder: auto falls back to tokenizers)")
@@ -207,6 +205,7 @@ def choose(mode: str, tokenizer_json: str) -> tuple[str, str | None]:
 
 _CACHE: dict = {}  # (kind, tokenizer sha, parallel) -> encoder, per worker process (Ray reuses workers)
 _TRICKY: dict = {}  # tokenizer sha -> tricky_texts
+_PASSED: set = set()  # tokenizer shas on whose tricky_texts gigatoken gave the ids of tokenizers, in this process
 
 
 def _tricky(tokenizer_json: str, sha: str) -> list[str]:
@@ -263,13 +262,17 @@ class ShardEncoder:
                 break
             sample.append(text[:budget])  # a long document counts by its head
             budget -= len(sample[-1])
-        sample += _tricky(self.tokenizer_json, self.sha)
+        tricky = self.sha not in _PASSED  # (the same strings give the same ids: checked once per process)
+        if tricky:
+            sample += _tricky(self.tokenizer_json, self.sha)
         try:
             why = first_difference(self.reference.ids(sample), self.enc.ids(sample), sample)
         except Exception as e:
             why = f"gigatoken failed ({_first_line(e)})"
         if why is not None:
             self._drop(f"on this shard's calibration sample, {why}")
+        elif tricky:
+            _PASSED.add(self.sha)
 
     def encode(self, texts, eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         if self.pending:

@@ -176,12 +176,23 @@ def _blocks(task: ShardTask, bad: BadRecords):
                               piece.mark)
 
 
-def warm(tokenizer_json: str, tokenizer_sha: str, encoder: str, threads: int = 1) -> None:
-    """A warm-up task: what a worker's first shard task would otherwise wait for (imports, encoders)."""
+# what a worker imports: the pool's server imports it once, before it forks the workers (cluster.start)
+PRELOAD = ("numpy", "pyarrow", "pyarrow.json", "pyarrow.compute", "tokenizers", "awkward", "gigatoken", __name__)
+
+
+def warm(tokenizer_json: str, tokenizer_sha: str, mode: str, threads: int = 1) -> tuple[str, str | None]:
+    """A warm-up task, one per worker before the first shard: what a shard task would otherwise wait for
+    (imports, encoders), and the encoder check (encoders.choose), made where the shards are encoded. Returns
+    (encoder, why gigatoken is not used or None), or ("", the error) when `encoder: gigatoken` cannot be used."""
     import pyarrow.compute  # noqa: F401 (inputs.read_texts imports them)
     import pyarrow.json  # noqa: F401
 
+    try:
+        encoder, why = encoders.choose(mode, tokenizer_json, tokenizer_sha)
+    except encoders.EncoderError as e:
+        return "", str(e)
     encoders.ShardEncoder(encoder, tokenizer_json, tokenizer_sha, threads).encode(["warm-up"], 0, np.dtype(np.int32))
+    return encoder, why
 
 
 def write_shard(*args, **kwargs) -> dict:
