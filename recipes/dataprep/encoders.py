@@ -11,8 +11,8 @@ Two implementations of the same function:
 `encoder: auto` (the default) picks gigatoken when it imports, loads the tokenizer and gives the ids of
 `tokenizers` on a calibration sample: TRICKY (unicode, whitespace runs, digits, emoji, control
 characters) plus the text of every added token. The workers check it before their first shard (`choose`,
-from shards.warm: where the shards are encoded), and every shard task checks the first CALIBRATION_DOCS
-documents (at most CALIBRATION_CHARS characters) of its shard, with TRICKY too in a process that has not
+from shards.warm: where the shards are encoded), and every shard task checks the first CALIBRATION_HEAD
+characters of the first CALIBRATION_DOCS documents of its shard, with TRICKY too in a process that has not
 checked it yet (`ShardEncoder`). On any mismatch the run falls back to `tokenizers`, with one log line
 saying why. `encoder: gigatoken` makes a mismatch an error; `encoder: tokenizers` never uses gigatoken.
 The shards' bytes are the same whichever encoder wrote them, so the encoder is not part of the plan hash,
@@ -29,8 +29,8 @@ import numpy as np
 from .errors import DataPrepError
 
 MODES = ("auto", "gigatoken", "tokenizers")
-CALIBRATION_DOCS = 256
-CALIBRATION_CHARS = 32 << 10
+CALIBRATION_DOCS = 32  # a shard's check: the heads of its first documents
+CALIBRATION_HEAD = 256  # characters
 TRICKY = (
     "Hello, world! The quick brown fox jumps over the lazy dog.",
     "  two leading spaces, three   inside,\ttabs\t\tand trailing   ",
@@ -256,12 +256,7 @@ class ShardEncoder:
 
     def _calibrate(self, texts) -> None:
         self.pending = False
-        sample, budget = [], CALIBRATION_CHARS
-        for text in as_list(texts[:CALIBRATION_DOCS]):
-            if budget <= 0:
-                break
-            sample.append(text[:budget])  # a long document counts by its head
-            budget -= len(sample[-1])
+        sample = [text[:CALIBRATION_HEAD] for text in as_list(texts[:CALIBRATION_DOCS])]
         tricky = self.sha not in _PASSED  # (the same strings give the same ids: checked once per process)
         if tricky:
             sample += _tricky(self.tokenizer_json, self.sha)
