@@ -27,9 +27,10 @@ Each is timed as a whole process (its start to its exit) with the peak RSS of al
 process tree, sampled every 0.1 s); Megatron's own `Elapsed time` (its tokenizing and writing, without its
 imports) is printed too.
 Then the tokens are compared: Megatron's .bin against our shards' .bin concatenated in shard order must be
-the same bytes; and our run's steady state (its `steady state:` line: the tokens of all shards over the shard
-phase) is set beside gigatoken's own rate on 32 MB of the same text, on 1 thread and on all. The table gives
-medians (min-max) and the ratio of the medians.
+the same bytes; and each run's steady state (its `steady state:` line: the tokens of all shards over the shard
+phase) is set beside gigatoken's own rates measured right after it (raw_gigatoken): on 32 MB of the same texts
+already decoded, on 1 thread and on all, and on 64 MB of the JSONL itself, decoded and encoded by gigatoken in
+one pass on all threads. The table gives medians (min-max) and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -133,10 +134,14 @@ def ours(work: Path, data: Path, tokenizer: str) -> dict:
     return r
 
 
-def raw_gigatoken(data: Path, tokenizer: str) -> dict:
-    """gigatoken's own rate (M tokens/s) on the first 32 MB of the corpus's texts, called as the shard tasks
-    call it (GigatokenEncoder.ids on Arrow string arrays, about 8 MB of text a batch), on 1 thread and on all:
-    the ceiling the steady state is held to. The first batch is encoded once untimed (the tokenizer's caches)."""
+def raw_gigatoken(data: Path, tokenizer: str, work: Path) -> dict:
+    """gigatoken's own rates (M tokens/s), the ceilings the steady state is held to:
+    - on the texts of the first 32 MB of the corpus, already decoded, called as the shard tasks call it
+      (GigatokenEncoder.ids on Arrow string arrays, about 8 MB of text a batch), on 1 thread and on all;
+    - on the JSONL itself, its first 64 MB (a copy in --dir), decoded and encoded in one Rust pass by
+      `encode_files` (what Megatron-LM's fast path calls), on all threads.
+    Each is run once untimed first (the tokenizer's caches, the page cache)."""
+    import gigatoken
     import numpy as np
     import pyarrow as pa
 
@@ -146,14 +151,26 @@ def raw_gigatoken(data: Path, tokenizer: str) -> dict:
     cuts = np.searchsorted(np.cumsum([len(t) for t in texts]), np.arange(8_000_000, 32_000_000, 8_000_000))
     batches = [pa.array(list(part), pa.large_string())
                for part in np.split(np.array(texts, dtype=object), cuts) if len(part)]
+    tokenizer_json = Path(tokenizer, "tokenizer.json").read_text()
     rates = {}
     for label, parallel in (("1 thread", False), ("all threads", True)):
-        encoder = GigatokenEncoder(Path(tokenizer, "tokenizer.json").read_text(), parallel)
+        encoder = GigatokenEncoder(tokenizer_json, parallel)
         encoder.ids(batches[0])
         tokens, started = 0, time.perf_counter()
         for batch in batches:
             tokens += len(encoder.ids(batch)[0])
         rates[label] = tokens / (time.perf_counter() - started) / 1e6
+    head = work / "head-64mb.jsonl"
+    with open(data, "rb") as f:
+        chunk = f.read(64 << 20)
+    head.write_bytes(chunk[:chunk.rfind(b"\n") + 1])
+    backend = gigatoken.Tokenizer.from_json(tokenizer_json).backend
+    source = gigatoken.JsonlFileSource([str(head)], "text")
+    backend.encode_files(source, parallel=True)
+    started = time.perf_counter()
+    docs = backend.encode_files(source, parallel=True)
+    rates["JSONL, all threads"] = int(np.asarray(docs.layout.offsets)[-1]) / (time.perf_counter() - started) / 1e6
+    head.unlink()
     return rates
 
 
@@ -204,12 +221,16 @@ def main() -> None:
                          f"; steady state {r['steady']:.2f} M tokens/s; {r['time_line']}")
                 print(f"  {size} MB run {i + 1} {name}: {r['wall']:.2f} s, peak RSS {r['rss'] / 2**20:.0f} MiB{extra}",
                       flush=True)
-        raw = raw_gigatoken(data, tokenizer)
-        steady = statistics.median(r["steady"] for r in runs["ours"])
+            runs["ours"][-1]["raw"] = raw = raw_gigatoken(data, tokenizer, work)  # right after our run: same drift
+            print(f"  {size} MB run {i + 1} gigatoken alone: "
+                  f"{', '.join(f'{k} {v:.2f}' for k, v in raw.items())} M tokens/s", flush=True)
+        ours_runs = runs["ours"]
         print(f"  {size} MB: our steady state (tokens of all shards over the shard phase, 2 workers) "
-              f"{cell([r['steady'] for r in runs['ours']], '.2f')} M tokens/s; gigatoken alone on these cores "
-              f"{', '.join(f'{k} {v:.2f}' for k, v in raw.items())} M tokens/s: "
-              f"{', '.join(f'{steady / v:.0%} of {k}' for k, v in raw.items())}", flush=True)
+              f"{cell([r['steady'] for r in ours_runs], '.2f')} M tokens/s; gigatoken alone on these cores "
+              + ", ".join(f"{k} {cell([r['raw'][k] for r in ours_runs], '.2f')}" for k in raw) + " M tokens/s; "
+              "ours over gigatoken's, run by run: "
+              + ", ".join(f"{cell([100 * r['steady'] / r['raw'][k] for r in ours_runs], '.0f')}% of {k}" for k in raw),
+              flush=True)
         m, u = runs["megatron"][-1], runs["ours"][-1]
         identical = same_bytes(m["bin"], u["shards"])
         print(f"  {size} MB: {u['tokens']:,} tokens; Megatron's .bin and ours concatenated are "
