@@ -19,9 +19,11 @@ stops every process it started, all at once with SIGKILL once the driver has dis
 the `recipes` package to the workers as a runtime-env `py_modules` entry. A generator task is a Ray
 streaming generator.
 
-Started lazily: a run whose work is all done, or that stops on a config error, starts neither. A run that
-will write shards starts the workers while the driver counts the inputs and plans (`start_while`), with a
-warm-up task each (imports, tokenizer) before the first shard is queued.
+Started when needed: a run whose work is all done starts neither. The pretraining prep starts the pool as
+soon as it has read its config and found no earlier plan (its server imports the workers' modules while the
+driver reads the tokenizer; a config error found after that stops it, leaving nothing), and queues a warm-up
+task per worker (imports, tokenizer, the encoder check) while the driver counts the inputs and plans
+(`start_while`), before the first shard is queued; Ray starts in `start_while`.
 
 `stream` runs tasks a few at a time and gives their items as they come; `run_ordered` gives their results,
 and the first error, in the order of the tasks (the SFT and RL data preps).
@@ -132,8 +134,9 @@ class Cluster:
         self.queue = context.SimpleQueue()
         self.pool = futures.ProcessPoolExecutor(self.cpus, mp_context=context, initializer=_worker_init,
                                                 initargs=(self.queue,))
-        for _ in range(self.cpus):  # a process per task submitted while none is idle: all of them, now
-            self.pool.submit(_ready)
+        # a process per task submitted while none is idle: all of them, now; in the background, since the
+        # first waits for the server's imports
+        threading.Thread(target=_start_workers, args=(self.pool, self.cpus), name="pool-start", daemon=True).start()
         return self.pool
 
     def _start_ray(self):
@@ -353,6 +356,14 @@ _queue = None  # in a pool worker: where generator tasks put their items
 
 def _ready() -> None:
     """A task that only has a worker process started."""
+
+
+def _start_workers(pool, count: int) -> None:
+    try:
+        for _ in range(count):
+            pool.submit(_ready)
+    except (RuntimeError, futures.BrokenExecutor):  # the pool already shut down (a config error): nothing to start
+        pass
 
 
 def _worker_init(queue) -> None:
