@@ -72,6 +72,7 @@ class Cluster:
         self.queue = None  # the pool's: the items of generator tasks, from every worker
         self.cpus = 0
         self._warming: list = []  # the warm-up tasks
+        self._starting = None  # the thread starting the pool's processes
 
     @property
     def started(self) -> bool:
@@ -136,7 +137,9 @@ class Cluster:
                                                 initargs=(self.queue,))
         # a process per task submitted while none is idle: all of them, now; in the background, since the
         # first waits for the server's imports
-        threading.Thread(target=_start_workers, args=(self.pool, self.cpus), name="pool-start", daemon=True).start()
+        self._starting = threading.Thread(target=_start_workers, args=(self.pool, self.cpus), name="pool-start",
+                                          daemon=True)
+        self._starting.start()
         return self.pool
 
     def _start_ray(self):
@@ -313,8 +316,16 @@ class Cluster:
             raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
         return results
 
+    def _started_all(self) -> None:
+        """Wait until every pool process is started: one still starting when this process ends would fail to
+        read its arguments (their semaphores gone) and print a traceback."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+
     def stop(self) -> None:
         warming, self._warming = self._warming, []
+        self._started_all()
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.shutdown(wait=True, cancel_futures=True)
@@ -336,6 +347,7 @@ class Cluster:
             self.ray = None
 
     def _kill_pool(self) -> None:
+        self._started_all()
         pool, self.pool = self.pool, None
         for process in list(getattr(pool, "_processes", {}).values()):  # Python 3.14 has kill_workers()
             process.kill()
@@ -362,7 +374,7 @@ def _start_workers(pool, count: int) -> None:
     try:
         for _ in range(count):
             pool.submit(_ready)
-    except (RuntimeError, futures.BrokenExecutor):  # the pool already shut down (a config error): nothing to start
+    except futures.BrokenExecutor:  # a worker died starting: the run's next submit reports it
         pass
 
 
