@@ -405,6 +405,23 @@ def test_encoders_agree_on_the_calibration_strings():
     assert encoders.choose("tokenizers", tok_json, "sha") == ("tokenizers", None)
 
 
+def test_a_worker_checks_the_tricky_strings_once_and_every_shard_its_first_documents(monkeypatch):
+    pytest.importorskip("gigatoken")
+    tok_json = (TINY / "tokenizer.json").read_text()
+    sha = hashlib.sha256(tok_json.encode()).hexdigest()
+    docs = read_docs(TINY / "corpus.jsonl.gz", "text")[:100]
+    monkeypatch.setattr(encoders, "_CACHE", {})
+    checked, real = [], encoders.HFEncoder.ids
+    monkeypatch.setattr(encoders.HFEncoder, "ids", lambda self, texts: checked.append(list(texts)) or real(self, texts))
+    for shard in (docs[:50], docs[50:]):
+        enc = encoders.ShardEncoder("gigatoken", tok_json, sha)
+        enc.encode(shard, 0, np.dtype("uint16"))
+        assert enc.name == "gigatoken"
+    heads = [[d[:encoders.CALIBRATION_HEAD] for d in part[:encoders.CALIBRATION_DOCS]]
+             for part in (docs[:50], docs[50:])]
+    assert checked == [heads[0] + encoders.tricky_texts(tok_json), heads[1]]
+
+
 # ---- dtype -----------------------------------------------------------------------------------------------
 
 def big_vocab_tokenizer(path: Path, words: int = 70_000) -> Path:

@@ -89,6 +89,7 @@ class HFEncoder:
 
 class GigatokenEncoder:
     name = "gigatoken"
+    tricky_checked = False  # gave the ids of tokenizers on tricky_texts (this instance: cached per process)
 
     def __init__(self, tokenizer_json: str, parallel: bool = False) -> None:
         import gigatoken
@@ -194,7 +195,7 @@ def choose(mode: str, tokenizer_json: str, sha: str) -> tuple[str, str | None]:
         except Exception as e:
             why = f"gigatoken failed on the calibration strings ({_first_line(e)})"
     if why is None:
-        _PASSED.add(sha)
+        fast.tricky_checked = True
         return "gigatoken", None
     if mode == "gigatoken":
         raise EncoderError(f"encoder: gigatoken cannot be used: {why} (encoder: auto falls back to tokenizers)")
@@ -205,7 +206,6 @@ def choose(mode: str, tokenizer_json: str, sha: str) -> tuple[str, str | None]:
 
 _CACHE: dict = {}  # (kind, tokenizer sha, parallel) -> encoder, per worker process (Ray reuses workers)
 _TRICKY: dict = {}  # tokenizer sha -> tricky_texts
-_PASSED: set = set()  # tokenizer shas on whose tricky_texts gigatoken gave the ids of tokenizers, in this process
 
 
 def _tricky(tokenizer_json: str, sha: str) -> list[str]:
@@ -257,7 +257,7 @@ class ShardEncoder:
     def _calibrate(self, texts) -> None:
         self.pending = False
         sample = [text[:CALIBRATION_HEAD] for text in as_list(texts[:CALIBRATION_DOCS])]
-        tricky = self.sha not in _PASSED  # (the same strings give the same ids: checked once per process)
+        tricky = not self.enc.tricky_checked  # (the same strings give the same ids: once per encoder)
         if tricky:
             sample += _tricky(self.tokenizer_json, self.sha)
         try:
@@ -267,7 +267,7 @@ class ShardEncoder:
         if why is not None:
             self._drop(f"on this shard's calibration sample, {why}")
         elif tricky:
-            _PASSED.add(self.sha)
+            self.enc.tricky_checked = True
 
     def encode(self, texts, eod_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         if self.pending:
