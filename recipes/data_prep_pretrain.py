@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from .dataprep import bad_records, blend, encoders, inputs, lock, progress, shards
 from .dataprep import tokenizer as tokenization
-from .dataprep.cluster import Cluster
+from .dataprep.cluster import Cluster, local_cpus
 from .dataprep.errors import DataPrepError
 from .dataprep.files import write_json
 from .dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,
@@ -300,7 +300,7 @@ def run(config_path: str) -> int:
     cache = {} if settings.force else read_plan_cache(out)
     with Cluster(settings.backend, settings.object_store_mb) as cluster:
         if not cache and cluster.backend == "processes":  # shards to write: the workers' imports start now
-            cluster.start(*shards.PRELOAD)
+            cluster.start(*shards.PRELOAD, processes=settings.workers or local_cpus() // settings.cpus_per_task)
         tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
         phases.mark("config, tokenizer")
         warm = (shards.warm, (tok_json, tok.sha256, settings.encoder, settings.cpus_per_task), settings.workers,

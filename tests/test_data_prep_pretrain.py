@@ -325,21 +325,36 @@ def test_a_tokenizer_gigatoken_cannot_reproduce_falls_back_with_one_line(ray_clu
     assert not (tmp_path / "forced").exists()
 
 
-def test_a_config_error_once_the_workers_started_leaves_nothing_behind(tmp_path):
-    """The pool starts with the runtime, before the tokenizer is read: a bad tokenizer still ends in one line,
-    exit 2, nothing written, and no worker (nor the pool's server) left. The tokenizer is a FIFO, so that its
-    read waits until the workers are up."""
+def pool_workers(sid: int) -> list[int]:
+    """The pids of the pool's workers in a session: the children of its forkserver."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,sid=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 3) for line in ps.splitlines()]
+    servers = {r[0] for r in rows if len(r) == 4 and r[2] == str(sid) and "multiprocessing.forkserver" in r[3]}
+    return [int(r[0]) for r in rows if len(r) == 4 and r[1] in servers]
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_a_config_error_once_the_workers_started_leaves_nothing_behind(tmp_path, workers):
+    """The pool starts with the runtime, before the tokenizer is read, with as many workers as the run will use:
+    a bad tokenizer still ends in one line, exit 2, nothing written, and no worker (nor the pool's server) left.
+    The tokenizer is a FIFO, so that its read waits until the workers are up."""
     fifo = tmp_path / "tokenizer.json"
     os.mkfifo(fifo)
-    config = write_config(tmp_path / "config.yaml", tiny_config(tmp_path / "out", tokenizer=str(fifo)))
+    config = write_config(tmp_path / "config.yaml",
+                          tiny_config(tmp_path / "out", tokenizer=str(fifo), workers=workers))
     p = subprocess.Popen([*RUNTIME, "--config", str(config)], env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
-    want, deadline = 2 + len(os.sched_getaffinity(0)), time.time() + 60  # the runtime, the server, the workers
-    while len(session_processes(p.pid)) < want and time.time() < deadline:
-        time.sleep(0.1)
-    assert len(session_processes(p.pid)) >= want, session_processes(p.pid)
-    fifo.write_text("not a tokenizer")
-    out, err = p.communicate(timeout=120)
+    try:
+        want, deadline = workers or len(os.sched_getaffinity(0)), time.time() + 60
+        while len(pool_workers(p.pid)) < want and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # (and no more come)
+        assert len(pool_workers(p.pid)) == want, session_processes(p.pid)
+        fifo.write_text("not a tokenizer")
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 2 and len(err.splitlines()) == 1 and "is not a readable tokenizer.json" in err, (out, err)
     assert wait_session_gone(p.pid) == []
     assert not (tmp_path / "out").exists()

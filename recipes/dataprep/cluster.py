@@ -119,16 +119,17 @@ class Cluster:
             ray.wait(self._warming, num_returns=len(self._warming), timeout=WARM_WAIT_S)
         return result["value"]
 
-    def start(self, *preload: str):
+    def start(self, *preload: str, processes: int | None = None):
         """The workers, started (or Ray connected to) on the first call: Ray's module, or the pool, whose
-        processes start at once, forked from a server that imported the modules `preload` first."""
+        processes (`processes` of them, default one per CPU) start at once, forked from a server that imported
+        the modules `preload` first."""
         if self.started:
             return self.ray or self.pool
         if self.backend == "processes":
-            return self._start_pool(preload)
+            return self._start_pool(preload, processes)
         return self._start_ray()
 
-    def _start_pool(self, preload: tuple):
+    def _start_pool(self, preload: tuple, processes: int | None):
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["recipes.dataprep.errors", *preload])  # (one that fails to import: skipped)
         self.cpus = local_cpus()
@@ -137,7 +138,8 @@ class Cluster:
                                                 initargs=(self.queue,))
         # a process per task submitted while none is idle: all of them, now; in the background, since the
         # first waits for the server's imports
-        self._starting = threading.Thread(target=_start_workers, args=(self.pool, self.cpus), name="pool-start",
+        count = min(processes or self.cpus, self.cpus)
+        self._starting = threading.Thread(target=_start_workers, args=(self.pool, count), name="pool-start",
                                           daemon=True)
         self._starting.start()
         return self.pool
