@@ -1,7 +1,7 @@
-"""The data preps' process pool (recipes/dataprep/cluster.py, backend `processes`): real worker processes
-forked from a forkserver, the same task protocol as on Ray (a generator task's items stream to the driver, its
-last item is its result; a DataPrepError comes back as an event; `run_ordered` gives the first error in task
-order); and a worker that dies stops the run with one line instead of hanging it."""
+"""The data preps' process pool (recipes/dataprep/pool.py, behind cluster.Cluster with backend `processes`): real
+worker processes forked from a forkserver, the same task protocol as on Ray (a generator task's items stream to the
+driver, its last item is its result; a DataPrepError comes back as an event; `run_ordered` gives the first error in
+task order); and a worker that dies stops the run with one line instead of hanging it."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_an_error_in_the_driver_kills_the_running_tasks(monkeypatch):
         with cluster.Cluster() as c:
             for event in c.stream(counting, [(1000, 0.01)], workers=1):
                 if event is not None:
-                    pids = [p.pid for p in c.pool._processes.values()]
+                    pids = [p.pid for p in c.pool.processes()]
                     raise KeyError("the driver's own error")
     deadline = time.time() + 10
     while any(_alive(pid) for pid in pids) and time.time() < deadline:

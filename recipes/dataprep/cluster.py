@@ -5,10 +5,7 @@ or a Ray job), else processes on this machine; `processes` and `ray` choose one 
 starts an embedded local Ray). Both run the same task functions and report the same way: the task code never
 knows which ran it.
 
-Processes: a pool of `workers` processes forked from a server process that imported the task's module once
-(`forkserver`), started while the driver counts the inputs and plans: up in about the time of those imports,
-with nothing else to start. A task that is a generator streams its items (progress) to the driver through
-one queue; its last item is its result. A worker that dies (out of memory) stops the run with one line.
+Processes: pool.Pool, workers forked from a server process that imported the tasks' modules once.
 
 Ray: `ray.init` on this machine's CPUs (those this process may run on), loopback only
 (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` makes Ray bind 127.0.0.1 instead of the routable address), no
@@ -34,7 +31,6 @@ from __future__ import annotations
 import concurrent.futures as futures
 import inspect
 import logging
-import multiprocessing
 import os
 import signal
 import sys
@@ -42,6 +38,7 @@ import threading
 import time
 
 from .errors import BadRecordError, DataPrepError
+from .pool import ClusterError, Pool, local_cpus
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # recipes/
 BACKENDS = ("auto", "processes", "ray")
@@ -51,28 +48,15 @@ SLOW_START = "timed out during startup"  # ray._private.node's message for that
 TICK_S = 1.0  # the longest `stream` waits before giving the caller a turn (None)
 
 
-def local_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-class ClusterError(Exception):
-    """The workers could not be started or reached."""
-
-
 class Cluster:
     def __init__(self, backend: str = "auto", object_store_mb: int = 256) -> None:
         self.address = os.environ.get("RAY_ADDRESS") or None
         self.backend = ("ray" if self.address else "processes") if backend == "auto" else backend
         self.object_store_mb = object_store_mb
         self.ray = None  # Ray's module, once started
-        self.pool = None  # the process pool, once started
-        self.queue = None  # the pool's: the items of generator tasks, from every worker
+        self.pool: Pool | None = None  # the process pool, once started
         self.cpus = 0
         self._warming: list = []  # the warm-up tasks
-        self._starting = None  # the thread starting the pool's processes
 
     @property
     def started(self) -> bool:
@@ -126,23 +110,10 @@ class Cluster:
         if self.started:
             return self.ray or self.pool
         if self.backend == "processes":
-            return self._start_pool(preload, processes)
+            self.pool = Pool(preload, processes)
+            self.cpus = self.pool.cpus
+            return self.pool
         return self._start_ray()
-
-    def _start_pool(self, preload: tuple, processes: int | None):
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["recipes.dataprep.errors", *preload])  # (one that fails to import: skipped)
-        self.cpus = local_cpus()
-        self.queue = context.SimpleQueue()
-        self.pool = futures.ProcessPoolExecutor(self.cpus, mp_context=context, initializer=_worker_init,
-                                                initargs=(self.queue,))
-        # a process per task submitted while none is idle: all of them, now; in the background, since the
-        # first waits for the server's imports
-        count = min(processes or self.cpus, self.cpus)
-        self._starting = threading.Thread(target=_start_workers, args=(self.pool, count), name="pool-start",
-                                          daemon=True)
-        self._starting.start()
-        return self.pool
 
     def _start_ray(self):
         for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_USAGE_STATS_ENABLED", "0"),
@@ -215,39 +186,15 @@ class Cluster:
         DataPrepError; and None when nothing came within TICK_S. Any other error is raised. `name`: the tasks'
         name on Ray (default: the function's)."""
         self.start(fn.__module__)
-        runner = self._ray_tasks if self.backend == "ray" else self._pool_tasks
         todo = enumerate(args)
         inflight: dict = {}
         try:
-            yield from runner(fn, todo, inflight, workers, cpus_per_task, name or fn.__name__)
+            if self.backend == "ray":
+                yield from self._ray_tasks(fn, todo, inflight, workers, cpus_per_task, name or fn.__name__)
+            else:
+                yield from self.pool.tasks(fn, todo, inflight, workers)
         finally:
             self._cancel(inflight)
-
-    def _pool_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int, name: str):
-        generator = inspect.isgeneratorfunction(fn)
-        while True:
-            while len(inflight) < workers and (item := next(todo, None)) is not None:
-                i, a = item
-                inflight[self.pool.submit(_call, i, fn, tuple(a), generator)] = i
-            if not inflight:
-                return
-            done, _ = futures.wait(inflight, timeout=0.2, return_when=futures.FIRST_COMPLETED)
-            live = set(inflight.values())
-            while not self.queue.empty():
-                i, step = self.queue.get()
-                if i in live:
-                    yield i, step, False
-            for future in done:
-                i = inflight.pop(future)
-                try:
-                    yield i, future.result(), True
-                except DataPrepError as e:
-                    yield i, e, True
-                except futures.process.BrokenProcessPool:
-                    raise ClusterError("a worker process ended without finishing its task (killed, or out of "
-                                       "memory?)") from None
-            if not done:
-                yield None
 
     def _ray_tasks(self, fn, todo, inflight: dict, workers: int, cpus_per_task: int, name: str):
         ray = self.ray
@@ -318,19 +265,11 @@ class Cluster:
             raise (BadRecordError if isinstance(first, BadRecordError) else DataPrepError)(str(first))
         return results
 
-    def _started_all(self) -> None:
-        """Wait until every pool process is started: one still starting when this process ends would fail to
-        read its arguments (their semaphores gone) and print a traceback."""
-        if self._starting is not None:
-            self._starting.join()
-            self._starting = None
-
     def stop(self) -> None:
         warming, self._warming = self._warming, []
-        self._started_all()
         if self.pool is not None:
             pool, self.pool = self.pool, None
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown()
             return
         if self.ray is None:
             return
@@ -349,11 +288,8 @@ class Cluster:
             self.ray = None
 
     def _kill_pool(self) -> None:
-        self._started_all()
         pool, self.pool = self.pool, None
-        for process in list(getattr(pool, "_processes", {}).values()):  # Python 3.14 has kill_workers()
-            process.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.kill()
 
     def __enter__(self) -> Cluster:
         signal.signal(signal.SIGTERM, _terminate)
@@ -363,39 +299,6 @@ class Cluster:
         if exc_type is not None and self.pool is not None:  # an error or a signal: no waiting for the tasks
             self._kill_pool()
         self.stop()
-
-
-_queue = None  # in a pool worker: where generator tasks put their items
-
-
-def _ready() -> None:
-    """A task that only has a worker process started."""
-
-
-def _start_workers(pool, count: int) -> None:
-    try:
-        for _ in range(count):
-            pool.submit(_ready)
-    except futures.BrokenExecutor:  # a worker died starting: the run's next submit reports it
-        pass
-
-
-def _worker_init(queue) -> None:
-    global _queue
-    _queue = queue
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-
-
-def _call(i: int, fn, args: tuple, generator: bool):
-    """In a pool worker: fn(*args); a generator's items but the last go to the queue, the last is the result."""
-    if not generator:
-        return fn(*args)
-    previous = none = object()
-    for item in fn(*args):
-        if previous is not none:
-            _queue.put((i, previous))
-        previous = item
-    return None if previous is none else previous
 
 
 def kill_descendants() -> None:
