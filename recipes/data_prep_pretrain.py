@@ -176,10 +176,15 @@ def config_hash(settings: Settings, tok: tokenization.TokenizerInfo) -> str:
 
 # ---- running the shards --------------------------------------------------------------------------------
 
+def shard_workers(settings: Settings, cpus: int) -> int:
+    """Shard tasks at once: `workers`, or as many as the CPUs hold at `cpus_per_task` each."""
+    return settings.workers or max(1, cpus // settings.cpus_per_task)
+
+
 def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, tok_json: str,
                cluster: Cluster, total_records: int, encoder: str) -> dict:
     cluster.start()
-    workers = settings.workers or max(1, cluster.cpus // settings.cpus_per_task)
+    workers = shard_workers(settings, cluster.cpus)
     print(f"{cluster.where()}: {cluster.cpus} CPUs; {len(todo)} shard(s) to write, {workers} at a time", flush=True)
     queue = sorted(todo, key=lambda t: -t.est_bytes)  # largest first (stable: plan order among equals)
     tok_ref = cluster.put(tok_json)
@@ -300,7 +305,7 @@ def run(config_path: str) -> int:
     cache = {} if settings.force else read_plan_cache(out)
     with Cluster(settings.backend, settings.object_store_mb) as cluster:
         if not cache and cluster.backend == "processes":  # shards to write: the workers' imports start now
-            cluster.start(*shards.PRELOAD, processes=settings.workers or local_cpus() // settings.cpus_per_task)
+            cluster.start(*shards.PRELOAD, processes=shard_workers(settings, local_cpus()))
         tok, tok_json = tokenization.load(settings.tokenizer, settings.eod_token, settings.hf_cache_dir)
         phases.mark("config, tokenizer")
         warm = (shards.warm, (tok_json, tok.sha256, settings.encoder, settings.cpus_per_task), settings.workers,
