@@ -73,11 +73,12 @@ class Cluster:
 
     def start_while(self, work, warm=None, args: tuple = (), slots: int | None = None, cpus_per_task: int = 1):
         """Start the workers while `work()` runs, then queue `warm(*args)` as `slots` tasks (default: the CPUs
-        / cpus_per_task), so that each starts a worker. Returns what `work()` returns, or raises what it raised."""
+        / cpus_per_task), so that each starts a worker (the process pool has that many). Returns what `work()`
+        returns, or raises what it raised."""
         if self.backend == "processes":  # the pool starts in the background: `work` runs here meanwhile
-            self.start(*([warm.__module__] if warm else []))
+            count = slots or max(1, local_cpus() // cpus_per_task)
+            self.start(*([warm.__module__] if warm else []), processes=count)
             if warm is not None:
-                count = slots or max(1, self.cpus // cpus_per_task)
                 self._warming = [self.pool.submit(warm, *args) for _ in range(count)]
             return work()
         result: dict = {}

@@ -29,17 +29,19 @@ def local_cpus() -> int:
 
 class Pool:
     def __init__(self, preload: tuple = (), processes: int | None = None) -> None:
-        """One worker per CPU at most; `processes` of them (default: one per CPU) started now, forked from a
-        server that imported the modules `preload` first (one that fails to import is skipped)."""
+        """`processes` workers (default and at most: one per CPU), started now, forked from a server that
+        imported the modules `preload` first (one that fails to import is skipped). No other process is started
+        later: the executor would start one, cold, for a task queued just as another ends."""
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["recipes.dataprep.errors", *preload])
         self.cpus = local_cpus()
         self.queue = context.SimpleQueue()  # the items of generator tasks, from every worker
-        self.executor = futures.ProcessPoolExecutor(self.cpus, mp_context=context, initializer=_worker_init,
+        count = min(processes or self.cpus, self.cpus)
+        self.executor = futures.ProcessPoolExecutor(count, mp_context=context, initializer=_worker_init,
                                                     initargs=(self.queue,))
         # a process per task submitted while none is idle
         self._starting: threading.Thread | None = threading.Thread(
-            target=_start_workers, args=(self.executor, min(processes or self.cpus, self.cpus)),
+            target=_start_workers, args=(self.executor, count),
             name="pool-start", daemon=True)
         self._starting.start()
 
