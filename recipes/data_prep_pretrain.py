@@ -189,33 +189,40 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
     queue = sorted(todo, key=lambda t: -t.est_bytes)  # largest first (stable: plan order among equals)
     tok_ref = cluster.put(tok_json)
     current = {"encoder": encoder}  # after a fallback, the shards still queued use tokenizers too
+    publish_here = cluster.backend != "processes"  # else this driver publishes the shards: no worker waits on the disk
     args = ((task, tok_ref, tok.sha256, tok.eod_id, tok.dtype, settings.strict, settings.cpus_per_task,
-             current["encoder"], settings.encoder == "gigatoken") for task in queue)
+             current["encoder"], settings.encoder == "gigatoken", publish_here) for task in queue)
     receipts: dict = {}
     counts: dict = {}  # shard key -> (records, docs, tokens, input bytes) so far
     clock = progress.Clock(settings.progress_interval)
-    steady = progress.Steady()
     # a generator per shard (shards.shard_steps): its progress, then its receipt
-    for event in cluster.stream(shards.shard_steps, args, workers, settings.cpus_per_task, name="write_shard"):
-        if event is not None:
-            i, step, last = event
-            task = queue[i]
-            if isinstance(step, DataPrepError):
-                raise step
-            if not last:
-                counts[task.key] = step
-                continue
-            receipts[task.key] = step
-            counts[task.key] = (task.records, step["docs"], step["tokens"], step["_input_bytes"])
-            steady.done(step["tokens"], step["_started"])
-            why = step.get("_encoder_fallback")
-            if why and current["encoder"] != "tokenizers":
-                current["encoder"] = "tokenizers"
-                print(f"encoder: tokenizers from here on (gigatoken dropped at {task.key}: {why})", flush=True)
-        if clock.due() or len(receipts) == len(todo):  # and once at the end
-            records, docs, tokens, nbytes = (sum(c[i] for c in counts.values()) for i in range(4))
-            print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
-                                clock.elapsed), flush=True)
+    with shards.Publisher() as publisher:
+        for event in cluster.stream(shards.shard_steps, args, workers, settings.cpus_per_task, name="write_shard"):
+            if event is not None:
+                i, step, last = event
+                task = queue[i]
+                if isinstance(step, DataPrepError):
+                    raise step
+                if not last:
+                    counts[task.key] = step
+                    continue
+                receipts[task.key] = step
+                counts[task.key] = (task.records, step["docs"], step["tokens"], step["_input_bytes"])
+                if not publish_here:
+                    publisher.put(task, step)
+                else:
+                    publisher.published[task.key] = time.time()
+                why = step.get("_encoder_fallback")
+                if why and current["encoder"] != "tokenizers":
+                    current["encoder"] = "tokenizers"
+                    print(f"encoder: tokenizers from here on (gigatoken dropped at {task.key}: {why})", flush=True)
+            if clock.due() or len(receipts) == len(todo):  # and once at the end
+                records, docs, tokens, nbytes = (sum(c[i] for c in counts.values()) for i in range(4))
+                print(progress.line(records, total_records, docs, tokens, nbytes, len(receipts), len(todo),
+                                    clock.elapsed), flush=True)
+    steady = progress.Steady()
+    for key, receipt in receipts.items():
+        steady.done(receipt["tokens"], receipt["_started"], publisher.published[key])
     print(steady.line(), flush=True)
     return receipts
 

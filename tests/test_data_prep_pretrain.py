@@ -407,6 +407,52 @@ def test_a_shard_whose_sample_gigatoken_gets_wrong_falls_back_to_tokenizers(tmp_
     assert not [p for p in (tmp_path / "out").iterdir() if ".tmp-" in p.name]
 
 
+def test_a_shard_published_by_the_driver_is_the_shard_its_task_would_publish(tmp_path):
+    """`publish_here` False (the pool's workers): the task leaves its files under temporary names and writes no
+    receipt, so a crash there leaves the shard to be written again; the driver's Publisher then makes it the
+    very shard a task that publishes itself writes, receipt included. Whole shards queued before an error in the
+    driver are still published; an error publishing one is raised, and the shards queued after it stay
+    unpublished."""
+    from recipes.dataprep import inputs
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in read_docs(TINY / "corpus.jsonl.gz", "text")))
+    tok_json = (TINY / "tokenizer.json").read_text()
+    sha = hashlib.sha256(tok_json.encode()).hexdigest()
+    out = tmp_path / "out"
+    tasks = shards.plan_dataset("d", str(out), "text", [inputs.scan(str(corpus), "jsonl", "text")], 3, sha, 0,
+                                "uint16", inputs.MAX_RECORD_BYTES)
+    write = lambda task, **kw: shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="tokenizers", **kw)  # noqa: E731
+    published = [write(t) for t in tasks]
+    want, receipts = file_hashes(out), [shards.read_receipt(t, "checksum") for t in tasks]
+    assert all(receipts) and receipts == [{k: v for k, v in r.items() if not k.startswith("_")} for r in published]
+
+    pending = [write(t, publish_here=False) for t in tasks]
+    assert [shards.read_receipt(t) for t in tasks] == [None] * 3  # invalidated, and not written again yet
+    assert all(os.path.exists(p) and ".tmp-" in p for r in pending for p in r["_tmp"].values())
+    with pytest.raises(KeyError):
+        with shards.Publisher() as publisher:
+            publisher.put(tasks[0], pending[0])
+            raise KeyError("the driver's own error")
+    assert shards.read_receipt(tasks[0], "checksum") == receipts[0]
+
+    os.unlink(pending[1]["_tmp"]["idx"])  # lost before the driver publishes it
+    with pytest.raises(FileNotFoundError):
+        with shards.Publisher() as publisher:
+            publisher.put(tasks[1], pending[1])
+            publisher.put(tasks[2], pending[2])
+    assert shards.read_receipt(tasks[1]) is None and shards.read_receipt(tasks[2]) is None
+    assert sorted(publisher.published) == []
+    with shards.Publisher() as publisher:
+        publisher.put(tasks[2], pending[2])
+    assert sorted(publisher.published) == [tasks[2].key]
+    assert shards.read_receipt(tasks[2], "checksum") == receipts[2]
+    shards.invalidate(tasks[1])
+    write(tasks[1])
+    assert shards.clean_dataset_dir(str(out), 3) == [os.path.basename(pending[1]["_tmp"]["bin"])]
+    assert file_hashes(out) == want
+
+
 def test_encoders_agree_on_the_calibration_strings():
     pytest.importorskip("gigatoken")
     tok_json = (TINY / "tokenizer.json").read_text()

@@ -15,6 +15,15 @@ def tmp_name(path: str) -> str:
     return f"{path}{TMP_MARK}{uuid.uuid4().hex[:12]}"
 
 
+def fsync_file(path: str) -> None:
+    """fsync a file by its path: its data and size, whichever process on this machine wrote them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -37,10 +37,7 @@ class _HashedFile:
         self.sha.update(mv)
         self.size += mv.nbytes
 
-    def close(self, sync: bool = True) -> None:
-        self.f.flush()
-        if sync:
-            os.fsync(self.f.fileno())
+    def close(self) -> None:
         self.f.close()
 
 
@@ -68,9 +65,10 @@ class IndexedWriter:
         self.docs += lengths.size
         self.tokens += tokens.size
 
-    def finish(self, sync: bool = True) -> dict:
-        """Close `.bin`, write `.idx`; the sizes and SHA-256 of both."""
-        self.bin.close(sync)
+    def finish(self) -> dict:
+        """Close `.bin`, write `.idx`; the sizes and SHA-256 of both. Neither is fsynced: the caller does, before
+        it renames them (shards.publish)."""
+        self.bin.close()
         self.lengths.close()
         idx = _HashedFile(self.idx_path)
         n = self.docs
@@ -88,7 +86,7 @@ class IndexedWriter:
                 offset = int(ends[-1])
         for lo in range(0, n + 1, CHUNK):  # document indices 0..n
             idx.write(np.arange(lo, min(lo + CHUNK, n + 1), dtype="<i8"))
-        idx.close(sync)
+        idx.close()
         os.unlink(self.lengths_path)
         return {"docs": n, "tokens": self.tokens,
                 "bin": {"bytes": self.bin.size, "sha256": self.bin.sha.hexdigest()},

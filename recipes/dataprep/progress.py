@@ -48,8 +48,8 @@ class Clock:
 
 class Steady:
     """The steady-state rate of a run's shards: their tokens over the time from the first shard task starting
-    in a worker to the last one done. Ray's start and the workers' (imports, tokenizer: the warm-up tasks)
-    are before it; gaps between tasks, their overheads and an uneven end are inside."""
+    in a worker to the last one done (its receipt written). Ray's start and the workers' (imports, tokenizer:
+    the warm-up tasks) are before it; gaps between tasks, their overheads and an uneven end are inside."""
 
     def __init__(self) -> None:
         self.first = float("inf")
@@ -57,8 +57,8 @@ class Steady:
         self.tokens = 0
         self.shards = 0
 
-    def done(self, tokens: int, started: float) -> None:
-        self.first, self.last = min(self.first, started), time.time()
+    def done(self, tokens: int, started: float, ended: float) -> None:
+        self.first, self.last = min(self.first, started), max(self.last, ended)
         self.tokens += tokens
         self.shards += 1
 

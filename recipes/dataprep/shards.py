@@ -8,9 +8,11 @@ number of workers or their timing, so every run writes the same bytes.
 Shard. `write_shard` reads its records in blocks (inputs.read_texts), tokenizes each block (encoders.py:
 gigatoken where it reproduces `tokenizers` exactly, else `tokenizers`; the same bytes either way), appends
 EOD and writes `shard_NNNNNN.bin/.idx` (numpy arrays, one write per block) under temporary names
-(`*.tmp-<random>`), fsyncs, renames them to their final names, and only then
-writes the receipt `shard_NNNNNN.json` (again tmp + rename). No shard is visible under its final name
-half-written, and a shard without a valid receipt is written again from scratch.
+(`*.tmp-<random>`); `publish` fsyncs them, renames them to their final names, and only then writes the
+receipt `shard_NNNNNN.json` (again tmp + rename). The task publishes its shard itself, or, where the driver
+runs on the same machine (the process pool), the driver's Publisher does while the worker goes on to its next
+shard. No shard is visible under its final name half-written, and a shard without a valid receipt is written
+again from scratch.
 
 Receipt. It records the shard's plan hash (SHA-256 of everything its bytes depend on: the input files'
 fingerprints (content, not paths) and record range, the tokenizer's SHA-256, EOD, dtype, text field, format version) and the
@@ -26,7 +28,9 @@ import hashlib
 import itertools
 import json
 import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -35,7 +39,7 @@ import numpy as np
 
 from . import encoders
 from .indexed import IndexedWriter
-from .files import TMP_MARK, fsync_dir, sha256_file, tmp_name, write_json
+from .files import TMP_MARK, fsync_dir, fsync_file, sha256_file, tmp_name, write_json
 from .bad_records import BadRecords
 from .inputs import read_texts
 
@@ -204,14 +208,18 @@ def write_shard(*args, **kwargs) -> dict:
 
 def shard_steps(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id: int, dtype: str,
                 strict: bool = False, threads: int = 1, encoder: str = "tokenizers",
-                encoder_required: bool = False) -> Iterator:
+                encoder_required: bool = False, publish_here: bool = True) -> Iterator:
     """Tokenize one shard into its .bin/.idx and write its receipt. Yields the shard's progress, (records,
     docs, tokens, input bytes), about once a second, and last the receipt (a Ray streaming generator: the
     driver reads the progress with the results, no process in between).
 
     `encoder`: "gigatoken" (checked against `tokenizers` on the shard's first documents first: on a
     mismatch the shard is encoded with `tokenizers`, or with `encoder_required` an EncoderError) or
-    "tokenizers". The bytes are the same either way."""
+    "tokenizers". The bytes are the same either way.
+
+    `publish_here` False (a driver on the same machine, whose Publisher does it): the files stay under their
+    temporary names, unsynced and without a receipt, named in the receipt returned (`_tmp`), so that the worker
+    goes on to its next shard instead of waiting on the disk."""
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     os.environ.setdefault("RAYON_NUM_THREADS", str(max(threads, 1)))
     started = time.time()
@@ -219,8 +227,7 @@ def shard_steps(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
     np_dtype = np.dtype(dtype)
     os.makedirs(task.directory, exist_ok=True)
     invalidate(task)
-    final = {ext: f"{task.prefix}.{ext}" for ext in ("bin", "idx")}
-    tmp = {ext: tmp_name(path) for ext, path in final.items()}
+    tmp = {ext: tmp_name(f"{task.prefix}.{ext}") for ext in ("bin", "idx")}
     tmp["lengths"] = tmp_name(task.prefix + ".lengths")
     writer = IndexedWriter(tmp["bin"], tmp["idx"], dtype, tmp["lengths"])
     bad = BadRecords(strict=strict)
@@ -233,9 +240,6 @@ def shard_steps(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
                 yield writer.docs + bad.total, writer.docs, writer.tokens, read_bytes
                 last = time.time()
         stats = writer.finish()
-        os.replace(tmp["bin"], final["bin"])
-        os.replace(tmp["idx"], final["idx"])
-        fsync_dir(task.directory)
     except BaseException:
         writer.abort()
         for path in tmp.values():
@@ -255,7 +259,10 @@ def shard_steps(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
         "bin": stats["bin"],
         "idx": stats["idx"],
     }
-    write_json(receipt_path(task), receipt)
+    if publish_here:
+        publish(task, tmp, receipt)
+    else:
+        receipt["_tmp"] = {ext: tmp[ext] for ext in ("bin", "idx")}
     # returned to the driver only, not written (the bytes do not depend on the encoder)
     receipt["_input_bytes"] = read_bytes
     receipt["_started"] = started
@@ -263,3 +270,51 @@ def shard_steps(task: ShardTask, tokenizer_json: str, tokenizer_sha: str, eod_id
     receipt["_encoder"] = enc.name
     receipt["_encoder_fallback"] = enc.fallback
     yield receipt
+
+
+def publish(task: ShardTask, tmp: dict, receipt: dict) -> None:
+    """Make a written shard final: its files (`tmp`: their temporary names) fsynced and renamed to their final
+    names, then its receipt written (tmp + fsync + rename). A crash before the receipt leaves the shard to be
+    written again. The driver's Publisher calls it from another process of the same machine (one page cache)."""
+    for ext in ("bin", "idx"):
+        fsync_file(tmp[ext])
+    for ext in ("bin", "idx"):
+        os.replace(tmp[ext], f"{task.prefix}.{ext}")
+    fsync_dir(task.directory)
+    write_json(receipt_path(task), {k: v for k, v in receipt.items() if not k.startswith("_")})
+
+
+class Publisher:
+    """The driver's thread that publishes (`publish`) the shards written with `publish_here` False, in the order
+    they come, so that the workers never wait on the disk; `published` holds the time each was done. Leaving
+    it (`with`) publishes what is queued, since those shards are whole; an error publishing stops it and is
+    raised there."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.published: dict = {}  # shard key -> time.time() of its receipt
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="publish-shards", daemon=True)
+        self.thread.start()
+
+    def put(self, task: ShardTask, receipt: dict) -> None:
+        self.queue.put((task, receipt))
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if self.error is None:
+                task, receipt = item
+                try:
+                    publish(task, receipt["_tmp"], receipt)
+                    self.published[task.key] = time.time()
+                except BaseException as e:  # the rest stays unpublished: written again by the next run
+                    self.error = e
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
