@@ -118,3 +118,26 @@ def test_the_tasks_run_in_the_processes_started_and_no_others(monkeypatch, proce
                 filter(None, c.stream(counting, [(1, 0.0)] * 40, workers=processes)) if last}
         assert len(pids) == processes
         assert {p.pid for p in c.pool.processes()} == pids
+
+
+def started_at(pause: float) -> float:
+    started = time.time()
+    time.sleep(pause)
+    return started
+
+
+def test_a_worker_that_ends_a_task_starts_the_next_without_waiting_for_the_driver(monkeypatch):
+    """Every process busy: one task more waits in the executor's queue, so a worker starts it as soon as it
+    ends one, even while the driver is busy with what came back (here it sleeps 1 s on each result)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    started, received = {}, {}
+    with cluster.Cluster() as c:
+        c.start(processes=1)
+        for event in c.stream(started_at, [(0.3,)] * 3, workers=1):
+            if event is not None:
+                i, started[i], _ = event
+                received[i] = time.time()
+                time.sleep(1.0)
+    assert sorted(started) == [0, 1, 2]
+    for i in (0, 1):
+        assert started[i + 1] < received[i] + 0.5  # not after the driver's sleep

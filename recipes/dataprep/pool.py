@@ -36,7 +36,7 @@ class Pool:
         context.set_forkserver_preload(["recipes.dataprep.errors", *preload])
         self.cpus = local_cpus()
         self.queue = context.SimpleQueue()  # the items of generator tasks, from every worker
-        count = min(processes or self.cpus, self.cpus)
+        self.count = count = min(processes or self.cpus, self.cpus)
         self.executor = futures.ProcessPoolExecutor(count, mp_context=context, initializer=_worker_init,
                                                     initargs=(self.queue,))
         # a process per task submitted while none is idle
@@ -53,10 +53,12 @@ class Pool:
 
     def tasks(self, fn, todo, inflight: dict, workers: int):
         """Cluster.stream's loop on the pool: fn(*a) for (i, a) of `todo`, at most `workers` at a time, their
-        futures in `inflight` (future -> i)."""
+        futures in `inflight` (future -> i). Where every process is used, one task more waits in the executor's
+        queue, so that a worker that ends a task starts the next at once, not after a trip to the driver."""
         generator = inspect.isgeneratorfunction(fn)
+        queued = workers + 1 if workers >= self.count else workers
         while True:
-            while len(inflight) < workers and (item := next(todo, None)) is not None:
+            while len(inflight) < queued and (item := next(todo, None)) is not None:
                 i, a = item
                 inflight[self.submit(_call, i, fn, tuple(a), generator)] = i
             if not inflight:
