@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -684,25 +685,47 @@ def test_block_decoder_gives_the_texts_and_bad_records_of_line_by_line_decoding(
 
 
 @pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])
-def test_a_shard_read_from_a_seek_mark_gets_what_reading_from_the_start_gets(tmp_path, monkeypatch, block_bytes):
-    """count_records leaves marks (records and lines before a byte offset) in a plain JSONL file; a range read
-    from the last mark before it gives the same texts and the same bad records, at the same lines."""
+@pytest.mark.parametrize("mark_bytes", [1, 100])
+def test_a_range_read_between_seek_marks_gets_what_reading_the_whole_file_gets(tmp_path, monkeypatch, block_bytes,
+                                                                                mark_bytes):
+    """count_records leaves seek marks in a plain JSONL file: at line starts about every MARK_BYTES, inside blocks
+    too, each with the records and lines before it. A range read from the last mark at or before it to the first
+    at or after it gives the same texts and the same bad records, at the same lines, and reads nothing past
+    that mark."""
     from recipes.dataprep import inputs, line_reader
 
     monkeypatch.setattr(line_reader, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(inputs, "MARK_BYTES", mark_bytes)
     corpus = tmp_path / "mixed.jsonl"
-    corpus.write_bytes(b"\n".join(MIXED_LINES * 3) + b"\n")
+    data = b"\n".join(MIXED_LINES * 3) + b"\n"
+    corpus.write_bytes(data)
     records, full, marks = inputs.count_records(str(corpus), "jsonl", "text")
     assert full and records == 3 * sum(1 for line in MIXED_LINES if line.strip())
-    assert len(marks) > (1 if block_bytes < 1 << 20 else 0) and marks[0] == [0, 0, 0]
+    assert marks[0] == [0, 0, 0] and len(marks) > 3, (len(data), marks)
+    for n, lineno, offset in marks:
+        before = data[:offset].split(b"\n")[:-1]
+        assert data[offset - 1:offset] in (b"", b"\n") and (n, lineno) == (sum(1 for x in before if x.strip()),
+                                                                          len(before))
+    furthest = []
+
+    class Tracked(io.BufferedReader):  # where reading got to
+        def read(self, size=-1):
+            data = super().read(size)
+            furthest.append(self.tell())
+            return data
+
     for start, end in ((0, records), (5, 23), (17, 18), (records - 2, records)):
-        mark = shards._mark(marks, start)
-        assert mark[0] <= start
+        mark, stop = shards._mark(marks, start), shards._stop(marks, end)
+        assert mark[0] <= start and (stop is None or end < records)
         want_bad, got_bad = inputs.BadRecords(), inputs.BadRecords()
         want = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, want_bad))
-        got = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, got_bad, mark=mark))
+        furthest.clear()
+        with monkeypatch.context() as m:
+            m.setattr(inputs, "open_binary", lambda path, fmt: Tracked(io.FileIO(path)))
+            got = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, got_bad, mark=mark, stop=stop))
         assert [t for _, b in got for t in b.to_pylist()] == [t for _, b in want for t in b.to_pylist()]
         assert (got_bad.counts, got_bad.examples) == (want_bad.counts, want_bad.examples)
+        assert max(furthest) <= (len(data) if stop is None else stop)
     with open(corpus, "rb") as f, gzip.open(tmp_path / "mixed.jsonl.gz", "wb") as g:
         g.write(f.read())
     # a compressed file cannot be sought in: no marks, the same count

@@ -22,9 +22,11 @@ import json
 import os
 from collections.abc import Iterator
 
+import numpy as np
+
 from .bad_records import BadRecords
 from .errors import DataPrepError
-from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, over, plain_starts, split, text_blocks
+from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, line_starts, over, plain_starts, split, text_blocks
 
 JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet"
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
@@ -33,6 +35,7 @@ EXTENSIONS = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz
 FINGERPRINT_BYTES = 1 << 20
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 MARKS = 1024  # seek marks kept per plain JSONL file, at most
+MARK_BYTES = 1 << 20  # and at least this far apart
 
 
 def detect_format(path: str) -> str:
@@ -115,9 +118,10 @@ def too_long(where: str, max_bytes: int, bad: BadRecords) -> None:
 
 def count_records(path: str, fmt: str, text_field: str, limit: int | None = None) -> tuple[int, bool, list]:
     """(records, exhaustive, marks): the file's record count, or `limit` (exhaustive False) when it has at least
-    that many; and for a plain JSONL file its seek marks, [records before, lines before, byte offset] at the
-    start of blocks (at most MARKS, evenly spaced), from which a reader of a later record starts instead of at
-    the file's beginning. A Parquet file without the text column is a config error."""
+    that many; and for a plain JSONL file its seek marks, [records before, lines before, byte offset] at line
+    starts about every MARK_BYTES (at most MARKS of them), from which a reader of a range of records starts,
+    and at which it stops, instead of at the file's ends (shards.Piece). A Parquet file without the text column
+    is a config error."""
     if fmt == PARQUET:
         import pyarrow.parquet as pq
 
@@ -132,25 +136,42 @@ def count_records(path: str, fmt: str, text_field: str, limit: int | None = None
         return ((n, True) if limit is None or n < limit else (limit, n == limit)) + ([],)
     n = lineno = 0
     marks: list = []
-    every = -(-os.path.getsize(path) // (MARKS * BLOCK_BYTES)) if fmt == JSONL else 0
+    spacing = max(MARK_BYTES, -(-os.path.getsize(path) // MARKS)) if fmt == JSONL else 0
     try:
         with open_binary(path, fmt) as f:
-            for i, (offset, block) in enumerate(text_blocks(f, BLOCK_BYTES, rewind=fmt == JSONL)):
-                if every and i % every == 0:
-                    marks.append([n, lineno, offset])
+            for offset, block in text_blocks(f, BLOCK_BYTES, rewind=fmt == JSONL):
+                starts = records_before = None  # of the block's lines (for the marks)
                 if block is None:  # one line, too long: a record (a bad one)
                     lines, records = 1, 1
                 elif (starts := plain_starts(block, len(block))) is not None:  # (a long line is still a record)
                     lines = records = len(starts)
                 else:
-                    block = split(block, BLOCK_BYTES)
-                    lines, records = len(block), sum(1 for line in block if not _blank(line))
+                    kept = [not _blank(line) for line in split(block, BLOCK_BYTES)]
+                    lines, records = len(kept), sum(kept)
+                    if spacing:
+                        starts, records_before = line_starts(block), np.cumsum([0] + kept[:-1])
+                if spacing:
+                    marks += _marks(n, lineno, offset, starts, records_before, spacing,
+                                    marks[-1][2] if marks else -spacing)
                 if limit is not None and n + records >= limit:
                     return limit, False, marks
                 n, lineno = n + records, lineno + lines
     except (OSError, EOFError) as e:  # truncated or corrupt compressed data
         raise DataPrepError(f"{path} cannot be read to the end ({type(e).__name__}: {e})") from None
     return n, True, marks
+
+
+def _marks(n: int, lineno: int, offset: int, starts, records_before, spacing: int, last: int) -> list:
+    """A block's seek marks (count_records): for every multiple of `spacing` in the file after the last mark (at
+    byte `last`), the first line that starts at or after it. `starts`: the offsets of the block's lines (None:
+    one line, too long to hold); `records_before`: the records among the lines before each (None: every line
+    is one)."""
+    starts = np.zeros(1, np.int64) if starts is None else starts
+    targets = np.arange((last // spacing + 1) * spacing, offset + int(starts[-1]) + 1, spacing) - offset
+    lines = np.unique(np.searchsorted(starts, np.maximum(targets, 0)))
+    records = lines if records_before is None else records_before[lines]
+    return [[n + r, lineno + i, offset + at]
+            for r, i, at in zip(records.tolist(), lines.tolist(), starts[lines].tolist())]
 
 
 def _json_text(line: bytes, text_field: str, where: str, bad: BadRecords) -> str | None:
@@ -198,9 +219,11 @@ def _text(value, text_field: str, where: str, bad: BadRecords, escaped: bool = T
 
 
 def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: BadRecords,
-               max_bytes: int = MAX_RECORD_BYTES, mark: list | None = None) -> Iterator[tuple]:
+               max_bytes: int = MAX_RECORD_BYTES, mark: list | None = None,
+               stop: int | None = None) -> Iterator[tuple]:
     """Blocks of the good records numbered [start, end) in the file, in order: (input bytes, texts), the texts
-    a pyarrow large_string array. `mark`: a seek mark of the file (count_records) at or before `start`."""
+    a pyarrow large_string array. `mark`: a seek mark of the file (count_records) at or before `start`;
+    `stop`: the byte offset of one at or after `end` (no record of the range lies past it)."""
     if fmt == PARQUET:
         yield from _parquet_texts(path, text_field, start, end, bad, max_bytes)
         return
@@ -208,7 +231,8 @@ def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: 
     with open_binary(path, fmt) as f:
         if offset:
             f.seek(offset)
-        for _, block in text_blocks(f, max_bytes, offset, rewind=fmt == JSONL):
+        for _, block in text_blocks(f, max_bytes, offset, rewind=fmt == JSONL,
+                                    stop=stop if fmt == JSONL else None):
             if n >= end:
                 return
             if block is None:  # one line, too long

@@ -12,16 +12,16 @@ BLOCK_BYTES = 8 << 20  # read and split at once
 MAX_RECORD_BYTES = 16 << 20  # max_record_bytes' default
 
 
-def text_blocks(f, max_bytes: int, offset: int = 0,
-                rewind: bool = False) -> Iterator[tuple[int, bytes | memoryview | None]]:
+def text_blocks(f, max_bytes: int, offset: int = 0, rewind: bool = False,
+                stop: int | None = None) -> Iterator[tuple[int, bytes | memoryview | None]]:
     """(byte offset, block) of a binary file read BLOCK_BYTES at a time from `offset` (where `f` stands): each
     block is whole lines, ending with a newline (the file's last block may not). A line longer than `max_bytes`
     that spans reads comes alone as None: its bytes are dropped as they are read, never held whole (a shorter
     block may still hold lines over the bound: `split`). `rewind` (a plain file, where seeking back is cheap):
     a block's last, partial line is read again with the next block, so the block is a memoryview of what was
-    read, not a copy."""
+    read, not a copy. `stop`: a line start (a seek mark) where reading ends."""
     rest, skipping = b"", False
-    while data := f.read(BLOCK_BYTES):
+    while data := f.read(BLOCK_BYTES if stop is None else min(BLOCK_BYTES, stop - offset)):
         at = offset
         offset += len(data)
         if skipping:  # inside a line that is too long: drop its bytes up to its newline
@@ -63,20 +63,25 @@ def split(block: bytes, max_bytes: int) -> list[bytes | None]:
     return lines
 
 
-def plain_starts(block: bytes, max_bytes: int):
-    """The byte offsets at which a block's lines start (a numpy array, 0 first) when every line starts with a
-    byte above space (so none is blank: only a line that is empty or starts with whitespace can be) and none is
-    longer than `max_bytes`: then every line is a record, and any run of lines can be used whole. None otherwise
-    (the block is then read line by line)."""
-    if not block or len(block) > max_bytes or block[0] <= 0x20:
-        return None
+def line_starts(block: bytes) -> np.ndarray:
+    """The byte offsets at which a block's lines start, 0 first."""
     data = np.frombuffer(block, np.uint8)
     starts = np.flatnonzero(data == 0x0A) + 1  # of the lines after the first
     if starts.size and starts[-1] == data.size:
         starts = starts[:-1]  # the block's final newline starts no line
-    if (data[starts] <= 0x20).any():
-        return None
     return np.concatenate(([0], starts))
+
+
+def plain_starts(block: bytes, max_bytes: int):
+    """The block's line_starts when every line starts with a byte above space (so none is blank: only a line
+    that is empty or starts with whitespace can be) and none is longer than `max_bytes`: then every line is a
+    record, and any run of lines can be used whole. None otherwise (the block is then read line by line)."""
+    if not block or len(block) > max_bytes or block[0] <= 0x20:
+        return None
+    starts = line_starts(block)
+    if (np.frombuffer(block, np.uint8)[starts[1:]] <= 0x20).any():
+        return None
+    return starts
 
 
 def line_blocks(f, max_bytes: int) -> Iterator[list]:

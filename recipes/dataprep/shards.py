@@ -56,7 +56,10 @@ class Piece:
     fingerprint: dict
     start: int  # record numbers in the file, [start, end)
     end: int
-    mark: list | None = None  # where reading starts (inputs.count_records); not in the plan hash: no byte depends on it
+    # where reading starts and where it may stop (inputs.count_records' seek marks); not in the plan hash: no
+    # byte depends on them
+    mark: list | None = None
+    stop: int | None = None
 
 
 @dataclass
@@ -101,13 +104,14 @@ def plan_dataset(name: str, directory: str, text_field: str, sources: list[dict]
         for s, first in zip(sources, starts):
             a, b = max(lo, first), min(hi, first + s["records"])
             if a < b:
+                marks = s.get("marks") or []
                 task.pieces.append(Piece(s["path"], s["format"], s["fingerprint"], a - first, b - first,
-                                         _mark(s.get("marks") or [], a - first)))
+                                         _mark(marks, a - first), _stop(marks, b - first)))
                 task.est_bytes += s["fingerprint"]["bytes"] * (b - a) // max(s["records"], 1)
         task.plan_hash = hashlib.sha256(json.dumps({
             "format": FORMAT, "tokenizer_sha256": tokenizer_sha, "eod_id": eod_id, "dtype": dtype,
             "text_field": text_field, "max_record_bytes": max_bytes,
-            "pieces": [{k: v for k, v in asdict(p).items() if k not in ("file", "mark")} for p in task.pieces],
+            "pieces": [{k: v for k, v in asdict(p).items() if k not in ("file", "mark", "stop")} for p in task.pieces],
         }, sort_keys=True).encode()).hexdigest()
         tasks.append(task)
     return tasks
@@ -117,6 +121,12 @@ def _mark(marks: list, record: int) -> list | None:
     """The last seek mark at or before `record`."""
     i = bisect.bisect_right([m[0] for m in marks], record)
     return marks[i - 1] if i else None
+
+
+def _stop(marks: list, record: int) -> int | None:
+    """The byte offset of the first mark at or after `record`: no record before it lies past it."""
+    i = bisect.bisect_left([m[0] for m in marks], record)
+    return marks[i][2] if i < len(marks) else None
 
 
 def receipt_path(task: ShardTask) -> str:
@@ -177,7 +187,7 @@ def _blocks(task: ShardTask, bad: BadRecords):
     """(input bytes, texts) blocks of the shard's good records, in order (inputs.read_texts)."""
     for piece in task.pieces:
         yield from read_texts(piece.file, piece.fmt, task.text_field, piece.start, piece.end, bad, task.max_bytes,
-                              piece.mark)
+                              piece.mark, piece.stop)
 
 
 # what a worker imports: the pool's server imports it once, before it forks the workers (cluster.start)
