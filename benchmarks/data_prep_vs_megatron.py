@@ -28,9 +28,11 @@ process tree, sampled every 0.1 s); Megatron's own `Elapsed time` (its tokenizin
 imports) is printed too.
 Then the tokens are compared: Megatron's .bin against our shards' .bin concatenated in shard order must be
 the same bytes; and each run's steady state (its `steady state:` line: the tokens of all shards over the shard
-phase) is set beside gigatoken's own rates measured right after it (raw_gigatoken): on 32 MB of the same texts
-already decoded, on 1 thread and on all, and on 64 MB of the JSONL itself, decoded and encoded by gigatoken in
-one pass on all threads. The table gives medians (min-max) and the ratio of the medians.
+phase) is set beside rates measured right after it (raw_gigatoken): gigatoken's on 32 MB of the same texts
+already decoded, on 1 thread and on all; Arrow's decoding and gigatoken's encoding alone, the two calls at the
+heart of a shard task, on 64 MB of the JSONL in one process per CPU (decode_and_encode); and gigatoken's own
+one-pass decoding and encoding of the same 64 MB on all threads. The table gives medians (min-max) and the
+ratio of the medians.
 """
 
 from __future__ import annotations
