@@ -208,10 +208,7 @@ def run_shards(settings: Settings, todo: list, tok: tokenization.TokenizerInfo, 
                     continue
                 receipts[task.key] = step
                 counts[task.key] = (task.records, step["docs"], step["tokens"], step["_input_bytes"])
-                if not publish_here:
-                    publisher.put(task, step)
-                else:
-                    publisher.published[task.key] = time.time()
+                publisher.put(task, step)
                 why = step.get("_encoder_fallback")
                 if why and current["encoder"] != "tokenizers":
                     current["encoder"] = "tokenizers"

@@ -296,9 +296,9 @@ def publish(task: ShardTask, tmp: dict, receipt: dict) -> None:
 
 class Publisher:
     """The driver's thread that publishes (`publish`) the shards written with `publish_here` False, in the order
-    they come, so that the workers never wait on the disk; `published` holds the time each was done. Leaving
-    it (`with`) publishes what is queued, since those shards are whole; an error publishing stops it and is
-    raised there."""
+    they come, so that the workers never wait on the disk; `published` holds the time each shard was done,
+    whoever published it. Leaving it (`with`) publishes what is queued, since those shards are whole; an error
+    publishing stops it and is raised there."""
 
     def __init__(self) -> None:
         self.queue: queue.Queue = queue.Queue()
@@ -308,7 +308,11 @@ class Publisher:
         self.thread.start()
 
     def put(self, task: ShardTask, receipt: dict) -> None:
-        self.queue.put((task, receipt))
+        """A shard task's receipt: queued when its shard is still to publish (`_tmp`), else done now."""
+        if "_tmp" in receipt:
+            self.queue.put((task, receipt))
+        else:
+            self.published[task.key] = time.time()
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
