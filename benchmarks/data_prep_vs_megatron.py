@@ -179,7 +179,7 @@ def raw_gigatoken(data: Path, tokenizer: str, work: Path) -> dict:
 
 def decode_and_encode(head: Path, tokenizer_json: str) -> float:
     """M tokens/s of the two calls at the heart of a shard task alone, on `head`'s 8 MB blocks shared out to one
-    forked process per CPU: Arrow's JSON decoding (inputs._jsonl_block: UTF-8 check, parse, one text per line)
+    forked process per CPU: Arrow's JSON decoding (record_texts.jsonl_block: UTF-8 check, parse, one text per line)
     and gigatoken's encoding of the texts (GigatokenEncoder.ids), each block read from the page cache -- no EOD,
     writing, hashing or fsync.
     The bound on any shard task that decodes its JSON with Arrow, on these cores."""
@@ -210,12 +210,12 @@ def _worker_encoder(path: str, tokenizer_json: str) -> None:
 
 def _decode_encode(block: tuple[int, int]) -> int:
     from recipes.dataprep.bad_records import BadRecords
-    from recipes.dataprep.inputs import _jsonl_block
+    from recipes.dataprep.record_texts import jsonl_block
 
     with open(_worker["path"], "rb") as f:
         f.seek(block[0])
         data = f.read(block[1])
-    texts = _jsonl_block(_worker["path"], data, data.count(b"\n"), int, "text", BadRecords())
+    texts = jsonl_block(_worker["path"], data, data.count(b"\n"), int, "text", BadRecords())
     return len(_worker["encoder"].ids(texts)[0])
 
 

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME = [sys.executable, "-m", "recipes.data_prep_pretrain"]
 TINY = REPO / "recipes" / "samples" / "tiny"
 
-from recipes.dataprep import encoders, hub, indexed, shards  # noqa: E402
+from recipes.dataprep import encoders, hub, indexed, record_texts, shards  # noqa: E402
 from recipes.dataprep.errors import BadRecordError  # noqa: E402
 
 pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the fast tier
@@ -650,13 +650,11 @@ MIXED_LINES = [  # each a record unless blank; the comments name what the line-b
 
 def _line_by_line(path: Path, start: int, end: int, bad) -> list[str]:
     """The reference: every line through the line decoder (what the block decoder falls back to)."""
-    from recipes.dataprep import inputs
-
     texts, n = [], 0
     for lineno, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
         if not line.strip():
             continue
-        if start <= n < end and (t := inputs._json_text(line, "text", f"{path}:{lineno}", bad)) is not None:
+        if start <= n < end and (t := record_texts.json_text(line, "text", f"{path}:{lineno}", bad)) is not None:
             texts.append(t)
         n += 1
     return texts
@@ -747,7 +745,8 @@ def test_a_range_that_ends_inside_a_block_of_records_is_still_decoded_whole(tmp_
         want_bad, got_bad = inputs.BadRecords(), inputs.BadRecords()
         want = _line_by_line(corpus, start, end, want_bad)
         with monkeypatch.context() as m:
-            m.setattr(inputs, "split", lambda *a: pytest.fail("a block was split line by line"))
+            for module in (inputs, record_texts):
+                m.setattr(module, "split", lambda *a: pytest.fail("a block was split line by line"))
             got = list(inputs.read_texts(str(corpus), "jsonl", "text", start, end, got_bad))
         assert [t for _, texts in got for t in texts.to_pylist()] == want
         assert (got_bad.counts, got_bad.examples) == (want_bad.counts, want_bad.examples)
@@ -831,9 +830,7 @@ def test_blank_texts_in_parquet_are_found_in_arrays(tmp_path):
 
 
 def test_whitespace_is_what_str_strip_strips():
-    from recipes.dataprep import inputs
-
-    assert inputs.whitespace() == "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
+    assert record_texts.whitespace() == "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
 
 
 # ---- errors before anything is written -------------------------------------------------------------------

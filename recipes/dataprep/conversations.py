@@ -26,7 +26,8 @@ import numpy as np
 
 from . import chat
 from .bad_records import BadRecords
-from .inputs import PARQUET, open_binary, row_groups, too_long
+from .inputs import PARQUET, open_binary, row_groups
+from .record_texts import too_long
 from .line_reader import lines
 from .files import tmp_name
 

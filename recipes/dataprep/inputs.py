@@ -1,5 +1,6 @@
 """Input files: finding them (paths, globs, directories), recognising their format, fingerprinting and
-counting their records, reading a range of records, and accounting for bad records.
+counting their records (and leaving seek marks), and reading a range of records; what a record's text is, or
+why it is a bad record, is record_texts'.
 
 Formats: JSON Lines, plain, gzip or zstd compressed (recognised by their magic bytes, whatever the file
 is called), and Parquet. A *record* is a non-blank line of a JSONL file or a row of a Parquet file; record
@@ -13,12 +14,10 @@ few places it happened, as `file:line` or `file:row=N`) and skipped, or under `s
 
 from __future__ import annotations
 
-import functools
 import glob
 import gzip
 import hashlib
 import io
-import json
 import os
 from collections.abc import Iterator
 
@@ -26,7 +25,8 @@ import numpy as np
 
 from .bad_records import BadRecords
 from .errors import DataPrepError
-from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, line_starts, over, plain_starts, split, text_blocks
+from .line_reader import BLOCK_BYTES, MAX_RECORD_BYTES, line_starts, plain_starts, split, text_blocks
+from .record_texts import checked, jsonl_block, too_long, value_text
 
 JSONL, JSONL_GZ, JSONL_ZST, PARQUET = "jsonl", "jsonl.gz", "jsonl.zst", "parquet"
 # what a glob or a directory picks up (an explicitly named file is read whatever its name)
@@ -112,10 +112,6 @@ def _blank(line: bytes | None) -> bool:
     return line is not None and (not line or line.isspace())
 
 
-def too_long(where: str, max_bytes: int, bad: BadRecords) -> None:
-    bad.add("too_long", where, over(max_bytes))
-
-
 def count_records(path: str, fmt: str, text_field: str, limit: int | None = None) -> tuple[int, bool, list]:
     """(records, exhaustive, marks): the file's record count, or `limit` (exhaustive False) when it has at least
     that many; and for a plain JSONL file its seek marks, [records before, lines before, byte offset] at line
@@ -174,50 +170,6 @@ def _marks(n: int, lineno: int, offset: int, starts, records_before, spacing: in
             for r, i, at in zip(records.tolist(), lines.tolist(), starts[lines].tolist())]
 
 
-def _json_text(line: bytes, text_field: str, where: str, bad: BadRecords) -> str | None:
-    try:
-        s = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        bad.add("bad_utf8", where, f"invalid UTF-8 at byte {e.start}")
-        return None
-    if s.startswith("\ufeff"):  # a byte-order mark (first line of some files)
-        s = s[1:]
-    try:
-        obj = json.loads(s)
-    except ValueError as e:
-        bad.add("invalid_json", where, str(e))
-        return None
-    if not isinstance(obj, dict):
-        bad.add("invalid_json", where, f"a JSON {type(obj).__name__}, not an object")
-        return None
-    return _text(obj.get(text_field), text_field, where, bad, escaped="\\u" in s)
-
-
-def _text(value, text_field: str, where: str, bad: BadRecords, escaped: bool = True) -> str | None:
-    if value is None:
-        bad.add("missing_field", where, f"no {text_field!r} field")
-        return None
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError as e:
-            bad.add("bad_utf8", where, f"invalid UTF-8 at byte {e.start}")
-            return None
-    if not isinstance(value, str):
-        bad.add("not_a_string", where, f"{text_field!r} is a {type(value).__name__}")
-        return None
-    if escaped:  # JSON \ud800-style escapes give lone surrogates, which are not text
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            bad.add("bad_utf8", where, f"lone surrogate at character {e.start}")
-            return None
-    if not value.strip():
-        bad.add("empty_text", where, f"{text_field!r} is empty")
-        return None
-    return value
-
-
 def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: BadRecords,
                max_bytes: int = MAX_RECORD_BYTES, mark: list | None = None,
                stop: int | None = None) -> Iterator[tuple]:
@@ -248,7 +200,7 @@ def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: 
                 if a < b:
                     lo, hi = int(starts[a]), int(starts[b]) if b < count else len(block)
                     first = lineno + a + 1
-                    yield hi - lo, _jsonl_block(path, block[lo:hi] if hi - lo < len(block) else block, b - a,
+                    yield hi - lo, jsonl_block(path, block[lo:hi] if hi - lo < len(block) else block, b - a,
                                                 lambda i: first + i, text_field, bad)
                 n, lineno = n + count, lineno + count
                 continue
@@ -264,82 +216,9 @@ def read_texts(path: str, fmt: str, text_field: str, start: int, end: int, bad: 
                         linenos.append(lineno)
                 n += 1
             if kept:
-                texts = _jsonl_block(path, b"\n".join(kept), len(kept), linenos.__getitem__, text_field, bad)
+                texts = jsonl_block(path, b"\n".join(kept), len(kept), linenos.__getitem__, text_field, bad)
                 if len(texts):
                     yield sum(map(len, kept)) + len(kept), texts
-
-
-def _jsonl_block(path: str, data: bytes, count: int, lineno, text_field: str, bad: BadRecords):
-    """The texts of a block of `count` JSONL records (`data`: their lines, newline-separated; `lineno(i)`: the
-    line number of the i-th). Arrow's C++ JSON reader decodes the whole block; a block it refuses, or reads
-    otherwise than one record per line (it is more lenient in a few places), or that is not valid UTF-8
-    throughout, is decoded again line by line, so every bad record is found and placed as if the block had
-    been read line by line."""
-    import pyarrow as pa
-    import pyarrow.json as pj
-
-    options = pj.ParseOptions(explicit_schema=pa.schema([(text_field, pa.large_string())]),
-                              unexpected_field_behavior="ignore")
-    try:
-        _utf8(data).validate(full=True)
-        table = pj.read_json(pa.BufferReader(data), parse_options=options,
-                             read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1))
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        table = None
-    if table is None or table.num_rows != count:
-        texts = (_json_text(line, text_field, f"{path}:{lineno(i)}", bad)
-                 for i, line in enumerate(split(data, len(data))))
-        return pa.array([t for t in texts if t is not None], pa.large_string())
-    return _checked(table.column(0).combine_chunks(), lambda i: f"{path}:{lineno(i)}", text_field, bad)
-
-
-def _utf8(data: bytes):
-    """`data` as one large_string value (not copied): its `validate(full=True)` checks UTF-8."""
-    import numpy as np
-    import pyarrow as pa
-
-    return pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], np.int64)), pa.py_buffer(data))
-
-
-@functools.cache
-def whitespace() -> str:
-    """Every character str.strip() strips (all of them are below U+3001: tested over the whole range)."""
-    return "".join(c for c in map(chr, range(0x3001)) if c.isspace())
-
-
-def _checked(texts, where, text_field: str, bad: BadRecords, max_bytes: int = MAX_RECORD_BYTES):
-    """`texts` (a string array, one value per record) without its missing, empty and too long texts, which are
-    counted as bad records at `where(i)`, in record order."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    texts = texts.cast(pa.large_string())
-    n = len(texts)
-    missing = texts.is_null().to_numpy(zero_copy_only=False) if texts.null_count else np.zeros(n, dtype=bool)
-    offsets = np.frombuffer(texts.buffers()[1], np.int64)[texts.offset:texts.offset + n + 1]
-    chars = np.frombuffer(texts.buffers()[2] or b"\0", np.uint8)
-    first = chars[np.minimum(offsets[:-1], chars.size - 1)]
-    # only a text that is empty or starts with something other than printable ASCII can be blank
-    maybe = np.flatnonzero(~missing & ((offsets[1:] == offsets[:-1]) | (first < 0x21) | (first > 0x7E)))
-    empty = np.zeros(n, dtype=bool)
-    if maybe.size:
-        stripped = pc.utf8_ltrim(texts.take(pa.array(maybe)), characters=whitespace())
-        empty[maybe] = pc.binary_length(stripped).to_numpy(zero_copy_only=False) == 0
-    long = ~missing & (offsets[1:] - offsets[:-1] > max_bytes)
-    drop = np.flatnonzero(missing | empty | long)
-    for i in drop:
-        if missing[i]:
-            bad.add("missing_field", where(i), f"no {text_field!r} field")
-        elif long[i]:
-            too_long(where(i), max_bytes, bad)
-        else:
-            bad.add("empty_text", where(i), f"{text_field!r} is empty")
-    if not drop.size:
-        return texts
-    keep = np.ones(n, dtype=bool)
-    keep[drop] = False
-    return texts.filter(pa.array(keep))
 
 
 def _parquet_texts(path: str, text_field: str, start: int, end: int, bad: BadRecords,
@@ -356,9 +235,10 @@ def _parquet_texts(path: str, text_field: str, start: int, end: int, bad: BadRec
         lo, hi = max(start - row, 0), min(end - row, batch.num_rows)
         column, base = batch.column(0).slice(lo, hi - lo), row + lo
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            texts = _checked(column, lambda i: f"{path}:row={base + i}", text_field, bad, max_bytes)
+            texts = checked(column, lambda i: f"{path}:row={base + i}", text_field, bad, max_bytes)
         else:  # bytes, numbers, ...: value by value
-            texts = [_text(v, text_field, f"{path}:row={base + i}", bad) for i, v in enumerate(column.to_pylist())]
+            texts = [value_text(v, text_field, f"{path}:row={base + i}", bad)
+                     for i, v in enumerate(column.to_pylist())]
             for i, t in enumerate(texts):
                 if t is not None and len(t.encode()) > max_bytes:
                     too_long(f"{path}:row={base + i}", max_bytes, bad)
