@@ -110,7 +110,6 @@ def test_the_tasks_run_in_the_processes_started_and_no_others(monkeypatch, proce
     a task queued just as another ends must not start a cold process (its first shard took 0.8 s, against
     0.25 s in a warmed one, and the two then took turns)."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(cluster, "local_cpus", lambda: 4)
     monkeypatch.setattr("recipes.dataprep.pool.local_cpus", lambda: 4)
     with cluster.Cluster() as c:
         c.start(processes=processes)

@@ -15,8 +15,8 @@ shard. No shard is visible under its final name half-written, and a shard withou
 again from scratch.
 
 Receipt. It records the shard's plan hash (SHA-256 of everything its bytes depend on: the input files'
-fingerprints (content, not paths) and record range, the tokenizer's SHA-256, EOD, dtype, text field, format version) and the
-sizes and SHA-256 of both files. A later run skips a shard whose receipt has the same plan hash and whose
+fingerprints (content, not paths) and record range, the tokenizer's SHA-256, EOD, dtype, text field, format
+version) and the sizes and SHA-256 of both files. A later run skips a shard whose receipt has the same plan hash and whose
 files still have the recorded sizes and are not newer than the receipt (`verify: checksum` also re-hashes
 them).
 """
@@ -198,7 +198,7 @@ def warm(tokenizer_json: str, tokenizer_sha: str, mode: str, threads: int = 1) -
     """A warm-up task, one per worker before the first shard: what a shard task would otherwise wait for
     (imports, encoders), and the encoder check (encoders.choose), made where the shards are encoded. Returns
     (encoder, why gigatoken is not used or None), or ("", the error) when `encoder: gigatoken` cannot be used."""
-    import pyarrow.compute  # noqa: F401 (inputs.read_texts imports them)
+    import pyarrow.compute  # noqa: F401 (record_texts imports them)
     import pyarrow.json  # noqa: F401
 
     try:
