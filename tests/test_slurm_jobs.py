@@ -425,12 +425,14 @@ def test_state_from_the_job_dir_when_accounting_forgot_the_job(slurm, cli, home)
 
 # -- the dry run is what NeMo-Run submits --------------------------------------------------------
 
-@pytest.mark.parametrize("profile", ["ci", "rich"])
+@pytest.mark.parametrize("profile", ["ci", "rich", "enroot"])
 def test_dry_run_sbatch_script_is_what_nemo_run_submitted(slurm, cli, home, profile, tmp_path):
     if profile == "rich":  # quoting, setup lines, more #SBATCH flags
         add_profile("rich", env={"GREETING": "hello world", "QUOTED": "it's \"quoted\" $HOME"},
                     setup=["echo setting up", f"mkdir -p {tmp_path}/scratch"], cpus_per_task=1, mem="512M",
                     job_name_prefix="ci.")
+    if profile == "enroot":  # the image and mounts NeMo-Run writes unquoted: an enroot URI with '#', mount flags
+        add_profile("enroot", container_image="nvcr.io#nvidia/nemo:25.09", mounts=["/lustre:/lustre:ro", "/a+b:/c"])
     args = ("--batch", profile, "train.train_iters=5")
     dry = dry_run_script(cli, *args)
     assert PLACEHOLDER in dry
@@ -440,7 +442,52 @@ def test_dry_run_sbatch_script_is_what_nemo_run_submitted(slurm, cli, home, prof
     assert str(sub.job_dir) in script and PLACEHOLDER not in script
     same_script(dry, script.replace(str(sub.job_dir), PLACEHOLDER))
     st = wait_state(cli, sub.id, *TERMINAL)
-    assert st["state"] == "FAILED" and PREFLIGHT.match(st["reason"]), st["text"]  # and it really ran
+    assert st["state"] == "FAILED", st["text"]  # and it really ran: to the preflight, or to srun without pyxis
+    if profile == "enroot":
+        assert " --container-image nvcr.io#nvidia/nemo:25.09 --container-mounts /lustre:/lustre:ro,/a+b:/c," in script
+    else:
+        assert PREFLIGHT.match(st["reason"]), st["text"]
+
+
+def _injections(tmp_path, marker: Path) -> dict[str, tuple[list[str], str]]:
+    """Where an image or a mount can come from -> (the command's arguments, the key the error names)."""
+    bad = f"$(touch {marker})"
+    add_profile("bad-image", container_image=f"/x.sqsh{bad}")
+    add_profile("bad-mount", container_image="/x.sqsh", mounts=[f"/a:/b{bad}"])
+    with open("env.toml", "a") as f:  # names no image: the stage looks up its built one in build_cache_dir
+        f.write(f'\n[bad-cache]\nexecutor = "slurm"\naccount = "ultra3"\npartition = "debug"\n'
+                f'build_cache_dir = "/tmp/cache{bad}"\n')
+    pipe = tmp_path / "pipe.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": {"pre": {"stage": "pretrain", "config": "tiny",
+                                                       "overrides": {"run.container_image": f"/x.sqsh{bad}"}}}}))
+    return {
+        "command line image": (["pretrain", "-c", "tiny", "--batch", "ci", f"run.container_image=/x.sqsh{bad}"],
+                               "run.container_image"),
+        "command line mount": (["pretrain", "-c", "tiny", "--batch", "ci", "run.container_image=/x.sqsh",
+                                f'run.mounts=["/a:/b{bad}"]'], "run.mounts"),
+        "env.toml image": (["pretrain", "-c", "tiny", "--batch", "bad-image"], "env.toml [bad-image] container_image"),
+        "env.toml mount": (["pretrain", "-c", "tiny", "--batch", "bad-mount"], "env.toml [bad-mount] mounts"),
+        "env.toml build_cache_dir": (["pretrain", "-c", "tiny", "--batch", "bad-cache"], "run.container_image"),
+        "pipe config": (["pipe", "-c", str(pipe), "--batch", "ci"], "pre: run.container_image"),
+        "pipe step override": (["pipe", "-c", "tiny", "--batch", "ci", f"pretrain.run.container_image=/x.sqsh{bad}"],
+                               "pretrain: run.container_image"),
+    }
+
+
+def test_shell_in_container_image_or_mounts_is_refused_before_submission(slurm, cli, home, tmp_path):
+    """Values that would run on the compute node through the srun line (NeMo-Run writes it unquoted): refused,
+    with one line naming the key and where it was set, and nothing submitted."""
+    marker = tmp_path / "pwned"
+    for case, (args, key) in _injections(tmp_path, marker).items():
+        r = cli(*args)
+        m = SUBMITTED.search(r.out) or re.search(r"submitted \S+ \(Slurm job (\d+)", r.out)
+        if m:  # a regression: let the job run, so the marker (if any) is there to see
+            _submitted.append(m.group(m.lastindex))
+            wait_for(lambda: not set(_submitted) & squeue_ids(), timeout=60)
+        assert r.rc == 2 and len(r.err_lines) == 1, f"{case}: rc {r.rc}\n{r.out}{r.err}"
+        assert r.err_lines[0].startswith(f"error: {key}: "), (case, r.err)
+        assert "Traceback" not in r.err and not marker.exists(), case
+        assert not list(home.rglob("*_sbatch.sh")), f"{case}: a batch script was written"
 
 
 # -- shell metacharacters ------------------------------------------------------------------------

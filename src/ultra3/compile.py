@@ -136,6 +136,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     # every error in one round: the later checks run on what is left; a check tripping over a value already
     # reported stays quiet
     early, first = {f.key for f in report.errors}, len(report.findings)
+    early |= {f"run.{f.key.rsplit(' ', 1)[-1]}" for f in profile.errors} if profile else set()  # left out of run
     try:
         job = _checked(stage, options, config_path, profile, executor, tree, origin, base_sources, report, flat)
     except UserError as e:
@@ -185,12 +186,17 @@ def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: 
                                  "this job (run.nodes=N on the command line overrides it)")
     values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema, k)})
     reads, build = dict(stage.profile_keys), {}
+    finds_image = stage.image is not None and executors.executor(profile.executor).asks_image \
+        and profile.values.get("container_image") in (None, *images.KINDS)
     for key in [k for k in BUILD if k in profile.stage_values]:
+        if key == "build_cache_dir" and finds_image and key not in reads:
+            continue  # where this stage's built image is looked up (images.choose)
         if key in reads:
             build[reads[key]] = profile.stage_values[key]
         else:
             report.note(f"{profile.file.name} [{profile.name}] {key}", "not used: the build job runs podman on the "
-                        "node itself, without GPUs" if reads else "read by image builds only; not used here")
+                        "node itself, without GPUs" if reads else "read by image builds and by stages whose profile names "
+                        "no container_image; not used here")
     report.findings += profile.notes + profile.errors
     return [Layer(profile.source, values), *([Layer(f"{profile.source}, its build_* keys", build)] if build else [])]
 

@@ -18,6 +18,7 @@ from .config import CLI_SOURCE, find_config, flatten, load_layers, merge, resolv
 from .executors.commands import run, ssh_of
 from .gpus import GPU_TYPES
 from .paths import CONFIGS_DIR, nemorun_home
+from .schema import IMAGE
 
 KINDS = ("training", "rl", "data")
 CONFIG_DIR = "container"  # under configs/
@@ -257,6 +258,11 @@ def choose(kind: str | None, config: dict, flat: dict, origin: dict, profile, as
     kind = given if named else kind
     cache = (profile.stage_values.get("build_cache_dir") if profile else None)
     image = kind_image(kind, run, cache, (config.get("cluster") or {}).get("gpu"))
+    if not IMAGE(image.path):  # it goes into the batch script's srun line
+        where = f"build_cache_dir = {cache!r} in {profile.source}" if cache else "its default cache dir"
+        report.error("run.container_image", f"the {kind} image's path {image.path!r}, under {where}, must be "
+                                            f"{IMAGE.what}; set build_cache_dir to such a path")
+        return
     built = read_manifest(image, ssh_of(run))
     where = profile.name if profile else "PROFILE"
     if not built or built.get("digest") != image.digest:

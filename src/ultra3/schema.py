@@ -36,6 +36,14 @@ JOB_NAME = Text(r"[A-Za-z0-9._-]*", "letters, digits, '.', '_' and '-' only (it 
                                     "and of log file names in the batch script)")
 SAFE_PATH = Text(r"[A-Za-z0-9._/~+-]+", "a path of letters, digits and '._/~+-' only (NeMo-Run's packager and the "
                                          "batch script use it unquoted)")
+# NeMo-Run writes the srun line's arguments unquoted (its `noquote` is an alias of str): an image and a mount are
+# one shell word that needs no quoting, so the submitted script runs the same whether NeMo-Run quotes them or not
+IMAGE = Text(r"([A-Za-z0-9_./:@+=][A-Za-z0-9_./:@#+=-]*)?",
+             "a .sqsh path or an image reference of letters, digits and '_./:@#+=-' (not starting with '-' or '#'), "
+             "or \"\" for none (the batch script's srun line holds it unquoted)")
+MOUNT = Text(r"[A-Za-z0-9_./@+=][A-Za-z0-9_./:@+=-]*",
+             "SRC:DST[:FLAGS] of letters, digits and '_./:@+=-' (no ',' or space; not starting with '-'), as the "
+             "batch script's srun line holds it unquoted")
 SLURM_TIME = Text(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
                   "a Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS (e.g. 04:00:00)")
 SLURM_MEM = Text(r"\d+[KMGT]?", "a Slurm memory size: a number with K, M, G or T (0: all of the node's memory)")
@@ -101,9 +109,9 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "env": (ENV, ("local", "slurm", "ray")),
     "setup": (list[str], ("local", "slurm")),
     "time": (SLURM_TIME, ("slurm",)),
-    "container_image": (str, ("slurm",)),  # a .sqsh, an image reference, "" for none, or an image kind
+    "container_image": (IMAGE, ("slurm",)),  # a .sqsh, an image reference, "" for none, or an image kind
     "images": (IMAGES, ("slurm", "local")),  # per image kind, the pins a profile overrides
-    "mounts": (list[str], ("slurm",)),
+    "mounts": (list[MOUNT], ("slurm",)),
     "account": (str, ("slurm",)),
     "partition": (str, ("slurm",)),
     "qos": (str, ("slurm",)),
@@ -225,7 +233,8 @@ CONTAINER: Schema = {
     "containerfile": Text(r"[A-Za-z0-9._-]+", "a Containerfile's name, beside the config file"),
     "args": ENV,  # the Containerfile's build args: ARG names
     "platform": Text(r"auto|linux/(amd64|arm64)", "auto, linux/amd64 or linux/arm64"),
-    "cache_dir": str,
+    "cache_dir": Text(r"[A-Za-z0-9_./:@+=-]*", "a directory of letters, digits and '_./:@+=-' (its images go into "
+                                              "the stages' batch scripts unquoted)"),
     "registry": Text(r"[A-Za-z0-9][A-Za-z0-9._/:-]*", "a registry and namespace such as registry.example.com/team"),
     "storage_driver": Text(r"overlay|vfs|btrfs|zfs", "overlay, vfs, btrfs or zfs"),
     "storage_root": str,
@@ -265,6 +274,8 @@ def type_name(t: Any) -> str:
         return t.what
     if isinstance(t, EnvTable):
         return "a table of environment variables (string values)"
+    if getattr(t, "__origin__", None) is list and isinstance(t.__args__[0], Text):
+        return f"a list, each {t.__args__[0].what}"
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
             dict: "a table of strings", list: "a list"}.get(t, f"a {t}".replace("list[", "list of ").rstrip("]"))
 

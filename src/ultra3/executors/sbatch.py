@@ -39,6 +39,7 @@ def sbatch_params(spec: SlurmSpec, after: Sequence[str] = ()) -> dict[str, objec
 
 
 def srun_command(spec: SlurmSpec) -> str:
+    """Unquoted, as NeMo-Run writes it: every word is a path or value checked to need no quoting."""
     out = f"{task_dir(spec)}/log-{spec.job_name}_%j_${{SLURM_RESTART_COUNT:-0}}.out"
     if spec.container_image:
         mounts = ",".join([*spec.container_mounts, f"{task_dir(spec)}:{RUNDIR}"])
@@ -47,7 +48,7 @@ def srun_command(spec: SlurmSpec) -> str:
     else:
         where = ["--chdir", f"{task_dir(spec)}/code"]
     args = [*where, "--wait=60", "--kill-on-bad-exit=1", *spec.command]
-    return " ".join(["srun", "--output", out, *map(shlex.quote, args)])
+    return " ".join(["srun", "--output", out, *args])
 
 
 def render_sbatch(spec: SlurmSpec, after: Sequence[str] = ()) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..compile import JOB_DIR_PLACEHOLDER, Job
 from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
+from ..schema import IMAGE, MOUNT
 
 
 def task_name(job: Job) -> str:
@@ -46,6 +47,15 @@ class SlurmSpec:
     setup_lines: str | None = None
     command: list[str] = field(default_factory=job_command)
     job_dir: str = ""  # the experiment dir: <job_dir>/<task>/code is the working directory
+
+    def __post_init__(self) -> None:
+        """NeMo-Run writes the image and the mounts into the srun line unquoted, as our rendering does: the
+        config's checks (schema.IMAGE, schema.MOUNT) admit only single words that need no quoting."""
+        bad = [v for v in [self.container_image or ""] if not IMAGE(v)] + \
+              [v for v in self.container_mounts if not MOUNT(v)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} would reach the batch script's srun line unquoted; "
+                             "the config's checks should have refused it")
 
 
 def slurm_spec(job: Job, job_dir: str) -> SlurmSpec:
