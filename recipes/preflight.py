@@ -56,12 +56,25 @@ def build_tools(cfg: dict) -> str | None:
     return None
 
 
+def _installed(module: str) -> bool:
+    """Whether `module` can be found, without importing it (a dotted name whose parent package is missing is
+    not installed: find_spec raises there)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _importable(module: str) -> str | None:
     try:
         importlib.import_module(module)
     except Exception as e:  # any import-time failure (missing CUDA libs too) means it cannot run
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+        return _error(e)
     return None
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
 
 
 def training_packages(cfg: dict) -> str | None:
@@ -89,13 +102,13 @@ KERNEL_SETTINGS = (
 def kernels(cfg: dict) -> str | None:
     """Each setting that needs a compiled kernel, against what this Python has (found, not imported); packed SFT
     needs Mamba's memory-efficient path. Nothing to say without Megatron-Bridge: training_packages says that."""
-    if importlib.util.find_spec("megatron.bridge") is None:
+    if not _installed("megatron.bridge"):
         return None
     model = cfg.get("model") or {}
     problems = []
     for key, needs, module, what, instead in KERNEL_SETTINGS:
         value = model.get(key.split(".", 1)[1], needs)
-        if value == needs and importlib.util.find_spec(module) is None:
+        if value == needs and not _installed(module):
             problems.append(f"{key}={_shown(value)} needs {what} (module {module}), not installed in {sys.executable}; "
                             f"set {instead}, or install it")
     dataset = cfg.get("dataset") or {}
@@ -241,7 +254,7 @@ def data_prep_packages(cfg: dict) -> str | None:
     needed += ["jinja2"] if "chat_template" in cfg else []
     needed += ["zstandard"] if any(p.endswith(".zst") for p in paths) else []
     needed += ["huggingface_hub"] if any(p.startswith("hf://") for p in paths) else []
-    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    missing = [m for m in needed if not _installed(m)]
     if missing:
         return f"not installed: {', '.join(missing)}; install the launcher's `data` extra in the job's Python"
     return None
@@ -290,7 +303,15 @@ def run(cfg: dict) -> list[str]:
     unknown = [name for name in names if name not in CHECKS]
     if unknown:  # a launcher newer than this runtime
         return [f"unknown preflight check(s) {', '.join(unknown)}: this runtime does not match the launcher"]
-    return [reason for name in names if (reason := CHECKS[name](cfg))]
+    return [reason for name in names if (reason := _checked(name, cfg))]
+
+
+def _checked(name: str, cfg: dict) -> str | None:
+    """A check that crashes stops the job as a failed one does, with its error on the one line."""
+    try:
+        return CHECKS[name](cfg)
+    except Exception as e:
+        return f"the {name} check failed ({_error(e)})"
 
 
 def report(cfg: dict) -> bool:
