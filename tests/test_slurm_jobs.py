@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -488,6 +489,29 @@ def test_shell_in_container_image_or_mounts_is_refused_before_submission(slurm, 
         assert r.err_lines[0].startswith(f"error: {key}: "), (case, r.err)
         assert "Traceback" not in r.err and not marker.exists(), case
         assert not list(home.rglob("*_sbatch.sh")), f"{case}: a batch script was written"
+
+
+def test_a_hanging_sbatch_is_stopped_at_the_scheduler_timeout(cli, home, tmp_path):
+    """sbatch that never answers (a controller that accepts and hangs): the submission ends with one line once
+    $ULTRA3_SCHEDULER_TIMEOUT has passed, and the sbatch process is killed."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/sbatch.pid\nexec sleep 300\n")
+    (fake / "sbatch").chmod(0o755)
+    env = {"PATH": f"{fake}:{BIN}:{os.environ['PATH']}", "ULTRA3_SCHEDULER_TIMEOUT": "2"}
+    start = time.monotonic()
+    r = cli("pretrain", "-c", "tiny", "--batch", "ci", env=env, timeout=120)
+    seconds = time.monotonic() - start
+    assert r.rc == 1 and len(r.err_lines) == 1, f"rc {r.rc}\n{r.out}{r.err}"
+    assert r.err_lines[0] == ("error: sbatch did not answer within 2s and was stopped; the job may still have been "
+                              "queued: check `squeue --me` ($ULTRA3_SCHEDULER_TIMEOUT sets the bound)"), r.err
+    pid = int((tmp_path / "sbatch.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists(), "the hanging sbatch was left running"
+    print(f"hanging sbatch: the submission ended after {seconds:.1f} s")
+
+    bad = cli("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run", env={"ULTRA3_SCHEDULER_TIMEOUT": "soon"})
+    assert bad.rc == 2 and bad.err_lines == ["error: $ULTRA3_SCHEDULER_TIMEOUT: must be a number of seconds from 1 "
+                                             "to 86400; unset it for 60"], bad.err
 
 
 # -- shell metacharacters ------------------------------------------------------------------------

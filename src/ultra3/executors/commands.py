@@ -7,10 +7,27 @@ import os
 import shlex
 import subprocess
 
-from ..errors import ClusterError
+from ..errors import ClusterError, UserError
+
+TIMEOUT_VAR = "ULTRA3_SCHEDULER_TIMEOUT"
 
 
-def run(argv: list[str], ssh: dict | None = None, timeout: float = 60, text: bool = True) -> subprocess.CompletedProcess:
+def scheduler_timeout() -> float:
+    """How long one scheduler command (sbatch, sacct, squeue, scancel, over SSH or not) may take: 60 s, or
+    $ULTRA3_SCHEDULER_TIMEOUT seconds (a busy controller, a slow job_submit plugin)."""
+    value = os.environ.get(TIMEOUT_VAR, "60")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 1 <= seconds <= 86400:
+        raise UserError(f"${TIMEOUT_VAR}={value!r}: must be a number of seconds from 1 to 86400; unset it for 60")
+    return seconds
+
+
+def run(argv: list[str], ssh: dict | None = None, timeout: float | None = None,
+        text: bool = True) -> subprocess.CompletedProcess:
+    timeout = timeout or scheduler_timeout()
     full = ssh_argv(ssh) + [shlex.join(argv)] if ssh else argv
     try:
         return subprocess.run(full, capture_output=True, text=text, timeout=timeout)

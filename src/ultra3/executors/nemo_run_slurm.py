@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..contract import CONFIG_FILE, ENTRY_MODULE
 from ..launch.jobdir import write_code_dir
-from .commands import ssh_of
+from .commands import scheduler_timeout, ssh_of
 from ..launch.plan import SlurmSpec, slurm_spec
 from ..paths import nemorun_home
 from .sbatch import chain_parameters
@@ -110,7 +110,16 @@ def experiment(job: Job, job_id: str, exp_dir: str, after: list[str]) -> Iterato
                                 enable_goodbye_message=False) as exp:
                 exp.add(run.Script(path=ENTRY_MODULE, entrypoint="python", m=True, args=["--config", CONFIG_FILE]),
                         name=spec.task, tail_logs=False)
+                _bound(exp.jobs[0].executor.tunnel)  # the experiment's copy of the executor runs the commands
                 yield exp, spec
+
+
+def _bound(tunnel) -> None:
+    """Every command NeMo-Run runs through the tunnel (mkdir, sbatch) ends within the scheduler timeout: invoke
+    (fabric over SSH) kills it then and raises CommandTimedOut. An SSH tunnel's session exists once connected."""
+    if not tunnel.session:
+        tunnel.connect()
+    tunnel.session.config.timeouts.command = scheduler_timeout()
 
 
 def nemo_run_script(job: Job, job_id: str, after: Sequence[str] = ()) -> str:

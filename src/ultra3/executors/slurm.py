@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import ClusterError
+from ..errors import ClusterError, UserError
 from ..launch.plan import slurm_spec
 from ..paths import nemorun_home
 from ..records import JobRecord, State
 from ..schema import SAFE_PATH
 from . import slurm_state
 from .base import Executor, local_files, profile_at, read_from
-from .commands import run
+from .commands import TIMEOUT_VAR, run, scheduler_timeout
 from .nemo_run_slurm import experiment, experiment_dir, first_error, nemorun_base, ssh_settings
 from .sbatch import render_sbatch
 
@@ -48,6 +48,10 @@ class Slurm(Executor):
                 if not run.get(key):
                     report.error(f"run.{key}", f"submitting through SSH (host={run['host']}) needs {key}; "
                                                f"set it in {profile_at(profile)}")
+        try:
+            scheduler_timeout()
+        except UserError as e:
+            report.error(f"${TIMEOUT_VAR}", str(e).split(": ", 1)[1])
         if run.get("mounts") and not run.get("container_image"):
             report.warn("run.mounts", "mounts apply inside a container only; set container_image or remove them")
 
@@ -72,6 +76,10 @@ class Slurm(Executor):
             with experiment(job, job_id, self.job_dir(job, job_id), [_slurm_id(a) for a in after]) as (exp, spec):
                 exp.run(detach=True)
         except Exception as e:  # NeMo-Run wraps sbatch/ssh failures in many exception types
+            if type(e).__name__ == "CommandTimedOut":  # invoke's, raised by the bound on the tunnel's commands
+                raise ClusterError(f"{e.result.command.split()[0]} did not answer within {scheduler_timeout():.0f}s "
+                                   "and was stopped; the job may still have been queued: check `squeue --me` "
+                                   f"(${TIMEOUT_VAR} sets the bound)") from None
             where = f" to {ssh.get('user') + '@' if ssh.get('user') else ''}{ssh['host']}" if ssh else ""
             raise ClusterError(f"submission{where} failed ({type(e).__name__}): {first_error(e)}") from None
         handle = exp.jobs[0].handle or ""
