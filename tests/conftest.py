@@ -159,6 +159,15 @@ def squeue_ids() -> set[str]:
     return set(out.split())
 
 
+def our_jobs(where: Path | str) -> set[str]:
+    """The queued Slurm jobs a test submitted itself: their work dir or output file is under `where` (its tmp dir,
+    which holds its NEMOTRON_HOME). On a shared cluster a test waits for, cancels and counts only these."""
+    if shutil.which("squeue") is None:
+        return set()
+    out = subprocess.run(["squeue", "-h", "-o", "%i %Z %o"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if f"{where}/" in line}
+
+
 def wait_for(predicate, timeout: float = 60, interval: float = 0.5):
     deadline = time.time() + timeout
     while True:

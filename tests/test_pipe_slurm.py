@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import squeue_ids, wait_for
+from conftest import our_jobs, squeue_ids, wait_for
 from test_slurm_jobs import jobs, sacct_states, wait_state
 
 pytestmark = pytest.mark.slurm
@@ -28,10 +28,9 @@ CPU_CHAIN = {"stages": {
 
 
 @pytest.fixture(autouse=True)
-def _cancel_leftovers():
-    before = squeue_ids()
+def _cancel_leftovers(tmp_path):
     yield
-    left = sorted(squeue_ids() - before)
+    left = sorted(our_jobs(tmp_path))
     if left:
         subprocess.run(["scancel", *left], capture_output=True)
 
@@ -84,13 +83,12 @@ def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli,
     assert Path(quantized["path"], "config.json").is_file()
 
     # the same pipe again: every step done with this config -> skipped, nothing submitted
-    queued = squeue_ids()
     start = time.monotonic()
     again = cli("pipe", "-c", str(pipe), "--batch", "ci")
     seconds = time.monotonic() - start
     assert again.rc == 0, again.err
     assert again.out.count(": skipped, done by ") == 3 and "every step already completed" in again.out, again.out
-    assert squeue_ids() - queued == set()
+    assert our_jobs(tmp_path) == set()
     print(f"re-run of a completed 3-step pipe: {seconds:.2f} s")
 
     # a single stage, nothing set: the newest pretrain-data of this profile, with where it came from
