@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -147,3 +149,20 @@ def test_cancel_a_pipe_by_its_id_cancels_every_step(slurm, cli, home, tmp_path):
         wait_state(cli, job, "CANCELLED", timeout=60)
     assert set(sacct_states(ids).values()) == {"CANCELLED"}
     assert wait_for(lambda: not (squeue_ids() & set(ids)), timeout=60)  # gone from the queue once cleaned up
+
+
+def test_a_test_counts_and_cancels_only_its_own_jobs(slurm, tmp_path):
+    """Someone else's job queued meanwhile (its work dir and output elsewhere) is not this test's to touch."""
+    def sbatch(where: Path) -> str:
+        where.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(["sbatch", "--parsable", "--chdir", str(where), "-o", f"{where}/out", "--time=1",
+                               "--wrap", "sleep 60"], capture_output=True, text=True, check=True).stdout.strip()
+
+    foreign = tempfile.mkdtemp(prefix="someone-else-")
+    theirs, ours = sbatch(Path(foreign)), sbatch(tmp_path / "work")
+    try:
+        assert wait_for(lambda: {theirs, ours} <= squeue_ids(), timeout=30)
+        assert our_jobs(tmp_path) == {ours}
+    finally:
+        subprocess.run(["scancel", theirs, ours], capture_output=True)  # both submitted by this test
+        shutil.rmtree(foreign, ignore_errors=True)
