@@ -122,6 +122,9 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             pass  # not consumed: mock data, a checkpoint the job makes itself, a resumed run
         elif inp.key in wired and origin.get(inp.key) == wired[inp.key].how:  # the pipe wired it, nothing overrode it
             source = wired[inp.key]
+        elif isinstance(value, str) and _malformed_ref(value):
+            report.error(inp.key, f"{value!r} is not an artifact reference (set in {origin.get(inp.key)}); write "
+                                  f"NAME:latest, NAME:vN or job:ID, or ./{value} for a path")
         elif isinstance(value, str) and value.startswith(JOB_REF):
             found = store.by_job(value[len(JOB_REF):], inp.kinds)
             jobs = sorted({m.get("producer") for m in found})
@@ -175,10 +178,20 @@ def _whose(profile: str | None) -> str:
     return f"profile '{profile}'" if profile else "this machine"
 
 
+REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*:(latest|v?[0-9]+)")  # an artifact's NAME:latest, NAME:vN (or NAME:N)
+
+
 def _is_ref(value: str) -> bool:
-    name, sep, version = value.rpartition(":")
-    return bool(sep) and "/" not in value and (version == "latest" or version.removeprefix("v").isdigit()) \
-        and bool(name)
+    return REF.fullmatch(value) is not None
+
+
+def _malformed_ref(value: str) -> bool:
+    """A value with a ':' and no '/' (which a path or a hub id has) is meant as a reference: `NAME:LATEST`,
+    `NAME:v-1`, `:latest` or an empty `job:` must not become a relative path."""
+    if ":" not in value or "/" in value:
+        return False
+    return not (_is_ref(value) or (value.startswith(JOB_REF) and value[len(JOB_REF):].strip()))
+
 
 
 def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: str | None) -> str:

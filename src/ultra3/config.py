@@ -82,9 +82,9 @@ def read_yaml(path: Path) -> dict:
     except OSError as e:
         raise UserError(f"{_label(path)}: cannot read: {e.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_Loader)
-    except RecursionError:
-        raise UserError(f"{_label(path)}: nested too deeply; a config is a few levels of tables") from None
+        data = load_yaml(text)
+    except _Refused as e:
+        raise UserError(f"{_label(path)}:{e.problem_mark.line + 1}: {e.problem}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""
@@ -97,10 +97,80 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
+MAX_DEPTH = 32  # levels of tables and lists, keys included: a config has a few
+MAX_REPEATS = 10_000  # values YAML aliases may repeat in one document: 200 bytes of them can repeat billions
+MAX_DIGITS = 100  # an integer longer than this is no config's (the schema holds them to 64 bits)
+TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep; a config is a few levels of tables"
+TOO_LONG = f"an integer of more than {MAX_DIGITS} digits; a config's integers fit in 64 bits (19 digits)"
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """YAML past the loader's bounds, refused before it is expanded."""
+
+
+def load_yaml(text: str, depth: int = 0) -> Any:
+    """Every YAML a user gives (config files, override values) is read here; `depth`: the levels of tables
+    around the value (an override's key)."""
+    loader = _Loader(text, depth)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 class _Loader(yaml.SafeLoader):
     """YAML 1.2 scalars: `1e-4` is a number, as in OmegaConf, not a string; `4:00:00` (a Slurm time)
     and `2024-01-01` stay strings, not YAML 1.1's base-60 integer 14400 and a date. A key given twice in one
-    table is an error naming both lines (YAML would keep the second silently)."""
+    table is an error naming both lines (YAML would keep the second silently).
+
+    Bounded while it is composed, before anything expands: nesting past MAX_DEPTH, aliases (`*name`, `<<: *name`)
+    that repeat more than MAX_REPEATS values in all or sit inside the value they name, and integers longer than
+    MAX_DIGITS are refused (_Refused)."""
+
+    def __init__(self, text: str, depth: int = 0):
+        super().__init__(text)
+        self.depth, self.repeats, self.open = depth, 0, []  # open: the anchors of the nodes being composed
+        self.extents: dict[yaml.Node, tuple[int, int]] = {}
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.open:
+                raise _Refused(problem=f"alias *{event.anchor} is inside the value it names; give the value itself",
+                              problem_mark=event.start_mark)
+            if event.anchor in self.anchors:  # else the composer's own error: an undefined alias
+                values, levels = self._extent(self.anchors[event.anchor])
+                self.repeats += values
+                if self.repeats > MAX_REPEATS:
+                    raise _Refused(problem=f"aliases (*{event.anchor}) repeat more than {MAX_REPEATS:,} values; write "
+                                          "the values out or use fewer aliases", problem_mark=event.start_mark)
+                if self.depth + levels > MAX_DEPTH:
+                    raise _Refused(problem=TOO_DEEP, problem_mark=event.start_mark)
+            return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            raise _Refused(problem=TOO_DEEP, problem_mark=event.start_mark)
+        self.depth += 1
+        self.open.append(event.anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+            self.open.pop()
+
+    def _extent(self, node: yaml.Node) -> tuple[int, int]:
+        """(values, levels) of a composed node with its aliases expanded, each node counted once."""
+        if not isinstance(node, yaml.CollectionNode):
+            return 1, 1
+        if node not in self.extents:
+            children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value
+            parts = [self._extent(child) for child in children]
+            self.extents[node] = (1 + sum(v for v, _ in parts), 1 + max((d for _, d in parts), default=0))
+        return self.extents[node]
+
+    def construct_yaml_int(self, node):
+        if len(node.value) > MAX_DIGITS:
+            raise _Refused(problem=TOO_LONG, problem_mark=node.start_mark)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -114,6 +184,7 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+"
@@ -146,12 +217,15 @@ def parse_overrides(tokens: list[str]) -> Layer:
 
 
 def parse_value(raw: str, token: str = "") -> Any:
-    if raw == "":
-        return ""
+    key = token.partition("=")[0]
+    levels = key.count(".") + 1 if key else 0  # the tables the key opens around the value
     try:
-        return yaml.load(raw, Loader=_Loader)
-    except RecursionError:
-        raise UserError(f"'{token[:60]}...': nested too deeply; give a value a few levels deep at most") from None
+        if levels >= MAX_DEPTH:
+            raise _Refused(problem=TOO_DEEP)
+        return load_yaml(raw, levels) if raw else ""
+    except _Refused as e:
+        what, _, fix = e.problem.partition("; ")
+        raise UserError(f"{key or 'value'}: {what} (set in {CLI_SOURCE}); {fix}") from None
     except yaml.YAMLError:
         raise UserError(f"'{token}': cannot parse the value '{raw}'; quote strings with special characters") from None
 

@@ -26,6 +26,7 @@ from .findings import Finding
 from .launch.jobdir import new_job_id
 from .paths import state_home
 from .profiles import load_profile
+from .schema import suggest
 from .stages import Stage, find_stage
 
 CONFIG_DIR = "pipe"
@@ -75,12 +76,14 @@ def load(name: str) -> tuple[Path, list[Entry]]:
     data = read_yaml(path)
     stages = data.get("stages")
     where = path.name
+    _known(data, ("stages",), f"{where} ")
     if not isinstance(stages, dict) or not stages:
         raise UserError(f"{where}: `stages` must map each step's id to {{stage, config, overrides}}")
     entries = []
     for step_id, spec in stages.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("stage"), str):
             raise UserError(f"{where} stages.{step_id}: needs `stage: <name>` (e.g. `stage: data prep sft`)")
+        _known(spec, ("stage", "config", "overrides"), f"{where} stages.{step_id}.")
         stage = find_stage(spec["stage"])
         if stage is None:
             raise UserError(f"{where} stages.{step_id}.stage: no stage '{spec['stage']}'")
@@ -89,6 +92,13 @@ def load(name: str) -> tuple[Path, list[Entry]]:
             raise UserError(f"{where} stages.{step_id}.overrides: must be a mapping of key: value")
         entries.append(Entry(str(step_id), stage, str(spec.get("config") or "default"), flatten(overrides)))
     return path, entries
+
+
+def _known(table: dict, keys: tuple[str, ...], where: str) -> None:
+    """A pipe config has these keys only: another one (`defaults:`, a misspelt `overides:`) would be dropped."""
+    for key in table:
+        if key not in keys:
+            raise UserError(f"{where}{key}: unknown key; {suggest(str(key), list(keys))}")
 
 
 def _select(entries: list[Entry], start: str | None, stop: str | None) -> tuple[list[Entry], list[Entry]]:

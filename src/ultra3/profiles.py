@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config import MAX_DEPTH, MAX_DIGITS, TOO_DEEP, TOO_LONG
 from .errors import UserError
 from .findings import Finding, Report
 from .nvidia_profile import translate
@@ -78,10 +79,33 @@ def read_env_file(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: invalid TOML: {e}") from None
+    except ValueError:  # Python's own limit on the digits of an integer
+        raise UserError(f"{path}: {TOO_LONG}") from None
+    except RecursionError:
+        raise UserError(f"{path}: {TOO_DEEP}") from None
     for name, table in data.items():
         if not isinstance(table, dict):
             raise UserError(f"{path}: top-level key '{name}' must be a [profile] table")
+        if bad := _unbounded(table):
+            raise UserError(f"{path} [{name}] {bad[0]}: {bad[1]}")
     return data
+
+
+def _unbounded(table: dict[str, Any]) -> tuple[str, str] | None:
+    """(the key, why) of the first value of a profile past the bounds a config file has: nested deeper than
+    MAX_DEPTH, an integer longer than MAX_DIGITS."""
+    todo: list[tuple[str, Any, int]] = [(str(k), v, 2) for k, v in table.items()]
+    while todo:
+        key, value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return key, TOO_DEEP
+        if isinstance(value, int) and abs(value) >= 10**MAX_DIGITS:
+            return key, TOO_LONG
+        if isinstance(value, dict):
+            todo += [(f"{key}.{k}", v, depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):  # its items are named by the key that holds it
+            todo += [(key, v, depth + 1) for v in value]
+    return None
 
 
 def profile_names(explicit: str | None = None) -> tuple[Path | None, list[str]]:

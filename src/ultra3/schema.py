@@ -66,6 +66,7 @@ class Count:
         return f"an integer from {self.low} to {self.high}" if self.high < INT64 else f"an integer >= {self.low}"
 
 
+PORT = Count(1, 65535)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -123,7 +124,7 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "job_name_prefix": (JOB_NAME, ("slurm",)),
     "host": (str, ("slurm",)),
     "user": (str, ("slurm",)),
-    "port": (Count(1, 65535), ("slurm",)),
+    "port": (PORT, ("slurm",)),
     "identity": (str, ("slurm",)),
     "job_dir": (SAFE_PATH, ("slurm",)),
     "address": (RAY_ADDRESS, ("ray",)),  # an existing Ray cluster's dashboard (Jobs API), e.g. http://head:8265
@@ -347,6 +348,18 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
                                                "use letters, digits and '_', not starting with a digit")
         elif not matches(value, t):
             report.error(path, f"must be {_bounded(value, t) or type_name(t)}, got {value!r}{where}")
+        else:  # a free-form value (NeMo RL's keys, env values, lists): its numbers still have to be numbers
+            for inner, number in _numbers(value, path):
+                report.error(inner, f"must be {_bounded(number, object)}, got {number!r}{_where(inner, origin)}")
+
+
+def _numbers(value: Any, path: str) -> list[tuple[str, int | float]]:
+    """The NaNs, infinities and integers past 64 bits anywhere in a value, with their dotted keys."""
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _numbers(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [found for i, v in enumerate(value) for found in _numbers(v, f"{path}[{i}]")]
+    return [(path, value)] if _bounded(value, object) else []
 
 
 def _bounded(value: Any, t: Any) -> str:
@@ -386,7 +399,7 @@ RL: Schema = {
     "max_steps": int,
     "sif_dir": str,  # the SWE teacher's per-instance apptainer images
     "wandb": {"project": str, "entity": str},  # logging is on when WANDB_API_KEY reaches the job
-    "sandbox": {"image": str, "command": str, "port": int},  # NeMo Skills' sandbox, a sidecar on every node
+    "sandbox": {"image": str, "command": str, "port": PORT},  # NeMo Skills' sandbox, a sidecar on every node
     "check_only": bool,  # stop after the cluster preflight (Ray groups, GPUs, shared dir): exit 0
     "nemo_rl": object,
     "nemo_rl_add": object,  # keys NeMo RL takes that its YAML lacks (Hydra's ++): merged unchecked

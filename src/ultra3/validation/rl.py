@@ -1,8 +1,8 @@
 """The RL stages' rules, on the config NeMo RL will run (ours merged over the record of its YAML): the node
 accounting (train + generation + gym + teachers = the allocation, in whole NVLink segments), each group's
 parallel layout against its GPUs, the batch arithmetic, the sequence against context parallelism, the step
-budget against the experiment's checkpoints, and the judges, teachers and images the recipe needs. The dry
-run also gets the Ray layout and the materialized NeMo RL config."""
+budget against the experiment's checkpoints, the optimizer's learning rates, and the judges, teachers and images
+the recipe needs. The dry run also gets the Ray layout and the materialized NeMo RL config."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ..findings import Report
 from ..nemo_rl_config import (TEACHER_CFG, declared_judges, describe, effective, is_mopd, layout_keys, materialize,
                                node_groups, teacher_pools)
 from ..schema import TEACHER_ROLES
+from .schedule import learning_rates
 
 MEGATRON = "policy.megatron_cfg"
 VLLM = "policy.generation.vllm_cfg"
@@ -123,6 +124,9 @@ def training(cfg: dict[str, Any], gpus: int, report: Report) -> None:
                      quoting=(TRAIN_NODES, GPUS, *_keys(MEGATRON, *EP_ETP_PP)))
     dp = world // tp_cp_pp if world and not world % tp_cp_pp else 0
     report.facts["rl.train_dp"] = dp
+    optimizer = f"{MEGATRON}.optimizer"
+    learning_rates(report, f"nemo_rl.{optimizer}", effective(cfg, f"{optimizer}.lr"),
+                   effective(cfg, f"{optimizer}.min_lr"))
 
 
 def generation(cfg: dict[str, Any], gpus: int, report: Report) -> None:

@@ -22,7 +22,7 @@ STYLE = "scheduler.lr_decay_style"
 
 
 def check(cfg: dict, report) -> None:
-    _learning_rates(cfg, report)
+    learning_rates(report, "optimizer", get(cfg, "optimizer.lr"), get(cfg, "optimizer.min_lr"))
     seq, gbs = pos_int(get(cfg, SEQ)), pos_int(get(cfg, GBS))
     raw_iters = get(cfg, ITERS)
     iters = pos_int(raw_iters)
@@ -112,17 +112,18 @@ def _iters(cfg: dict, key: str, report) -> int | None:
     return value
 
 
-def _learning_rates(cfg: dict, report) -> None:
-    lr, min_lr = number(get(cfg, "optimizer.lr")), number(get(cfg, "optimizer.min_lr"))
+def learning_rates(report, optimizer: str, lr: object, min_lr: object) -> None:
+    """Megatron's optimizer (`optimizer`: its table, training's or RL's under nemo_rl) takes 0 ≤ min_lr ≤ lr, lr > 0."""
+    lr, min_lr = number(lr), number(min_lr)
     if lr is not None and lr <= 0:
-        report.error("optimizer.lr", f"lr={lr:g} must be positive")
+        report.error(f"{optimizer}.lr", f"lr={lr:g} must be positive")
     if min_lr is not None and min_lr < 0:
-        report.error("optimizer.min_lr", f"min_lr={min_lr:g} must be ≥ 0")
-    if lr is not None and min_lr is not None and min_lr > lr:
+        report.error(f"{optimizer}.min_lr", f"min_lr={min_lr:g} must be ≥ 0")
+    elif lr is not None and min_lr is not None and 0 < lr < min_lr:  # an lr <= 0 is refused above
         report.error(
-            "optimizer.min_lr",
+            f"{optimizer}.min_lr",
             f"min_lr={min_lr:g} > lr={lr:g}; the LR would rise while decaying: set min_lr ≤ lr",
-            quoting=("optimizer.lr",),
+            quoting=(f"{optimizer}.lr",),
         )
 
 
