@@ -224,8 +224,8 @@ def test_a_profile_names_a_kind_and_its_pins(cli_here, profiles):
 def test_other_stages_note_the_build_keys_they_do_not_read(cli_here, profiles):
     r = cli_here("pretrain", "-c", "tiny", "--batch", "builder", "--dry-run")
     assert r.rc == 0, r.err
-    notes = re.findall(r"^note: env.toml \[builder\] (build_\w+): read by image builds only; not used here$", r.out,
-                       re.M)
+    notes = re.findall(r"^note: env.toml \[builder\] (build_\w+): read by image builds and by stages whose profile "
+                       r"names no container_image; not used here$", r.out, re.M)
     assert set(notes) == {"build_partition", "build_time", "build_cache_dir", "build_registry",
                           "build_gpus_per_node"}, r.out[:2000]
     assert "#SBATCH --partition=batch" in r.out and "--container-image /images/given.sqsh" in r.out

@@ -54,10 +54,13 @@ HONOURED = [
     ('run_partition = "interactive"', "run_partition: 'interactive' is the partition of this --run submission",
      "#SBATCH --partition=interactive"),
     ('lustre_mount = "/scratch:/scratch"', "lustre_mount: '/scratch:/scratch' added to mounts", "/scratch:/scratch"),
-    *[(f'{key} = {value}', f"{key}: read by image builds only; not used here", "#SBATCH --partition=batch")
+    *[(f'{key} = {value}', f"{key}: read by image builds and by stages whose profile names no container_image; "
+                           "not used here", "#SBATCH --partition=batch")
       for key, value in (("build_partition", '"cpu"'), ("build_time", '"01:00:00"'), ("build_image", '"x"'),
-                         ("build_cache_dir", '"/lustre/cache"'), ("build_registry", '"reg.example.com"'),
-                         ("build_include_gpus", "true"), ("build_gpus_per_node", "1"))],
+                         ("build_registry", '"reg.example.com"'), ("build_include_gpus", "true"),
+                         ("build_gpus_per_node", "1"))],
+    # the profile names no image: the stage looks for its built one under build_cache_dir
+    ('build_cache_dir = "/lustre/cache"', "", "(no /lustre/cache/ultra3-training-"),
     ('batch_partition = "long"', "batch_partition: 'long' is for --batch submissions, not this --run one",
      "#SBATCH --partition=batch"),
     ("nproc_per_node = 8", "nproc_per_node: 8: one launcher per node starts one rank per GPU", "#SBATCH --nodes=1"),
