@@ -11,7 +11,8 @@ artifact store, laid out as NVIDIA's CLI lays its manifest store:
 
 A version directory is claimed with an atomic mkdir, and files are written to a temporary name and
 renamed, so two jobs publishing at once never share or half-write a version. The job's own record of
-what it published is `<job dir>/outputs.json`.
+what it published is `<job dir>/outputs.json`. Readers read regular files only, and only so far: a
+damaged store (a FIFO, a link to a device, a manifest of the wrong types) is skipped, never hangs them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
+from typing import Callable
 
 # -- how a job ends and speaks -------------------------------------------------------------------
 INPUT_ERROR_EXIT = 2  # the runtime refused its input: one line `<where>: error: <what and the fix>`
@@ -64,6 +67,31 @@ def artifact_name(kind: str, config: str, sample: int | None = None) -> str:
     """Outputs of different configs (and of samples) never share a name, so a tiny or sampled run is
     never the `latest` of the full run's artifact."""
     return f"ultra3-{kind}-{config}" + (f"-sample-{sample}" if sample else "")
+
+
+SMALL_FILE_MAX = 1 << 20  # bytes: a manifest, `latest`, a job record or an exit code is far smaller
+CREATED_TS_MAX = 1e11  # seconds since the epoch (the year 5138): a later created_ts is damage, not a date
+
+
+def read_small(path: str, limit: int = SMALL_FILE_MAX) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes, reading no further: ValueError for anything
+    else (a FIFO or a device is never read), FileNotFoundError when there is nothing at `path`."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file")
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb") as f:  # swapped since: no wait
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        return small_text(f.read(limit + 1), limit)
+
+
+def small_text(data: bytes, limit: int = SMALL_FILE_MAX) -> str:
+    """The text of a small file's first `limit` + 1 bytes: ValueError when it has more, or is not UTF-8."""
+    if len(data) > limit:
+        raise ValueError(f"over {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -113,25 +141,64 @@ def versions(folder: str) -> list[int]:
     return [int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit()]
 
 
-def read_manifest(path: str) -> dict | None:
+def read_manifest(path: str, bad: Callable[[str, str], None] | None = None) -> dict | None:
+    """The manifest at `path`: None when it is not written yet, another tool's, or damaged (then `bad(path,
+    why)` is told)."""
     try:
-        with open(path) as f:
-            manifest = json.loads(f.read())
-    except (OSError, ValueError):
-        return None  # not yet written, or not ours
-    return manifest if is_manifest(manifest) else None
+        return parse_manifest(read_small(path))
+    except FileNotFoundError:
+        return None  # a version claimed, its manifest not yet written
+    except (OSError, ValueError) as e:
+        if bad:
+            bad(path, str(e))
+        return None
 
 
-def is_manifest(manifest: object) -> bool:
-    """One of ours, whole: what readers rely on is there and of its type."""
-    return isinstance(manifest, dict) and manifest.get("format") == ARTIFACT_FORMAT \
-        and all(isinstance(manifest.get(k), str) for k in ("name", "type", "path")) \
-        and isinstance(manifest.get("version"), int) and isinstance(manifest.get("created_ts", 0), (int, float)) \
-        and isinstance(manifest.get("inputs", []), list)
+def parse_manifest(text: str) -> dict | None:
+    """A manifest file's text as the manifest, None when it is another tool's (NVIDIA's CLI, another format);
+    ValueError saying what is damaged."""
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if isinstance(manifest, dict) and manifest.get("format") != ARTIFACT_FORMAT:
+        return None
+    if why := manifest_problem(manifest):
+        raise ValueError(why)
+    return manifest
 
 
-def read_store(root: str) -> list[dict]:
-    """Every artifact version in the store, newest first."""
+# what readers of a manifest rely on: its fields' types; all but the first four may be absent or null
+_MANIFEST_FIELDS = {"name": str, "type": str, "path": str, "version": int, "created_ts": (int, float),
+                    "inputs": list, "metadata": dict, "producer": str, "stage": str, "config": str, "profile": str,
+                    "config_digest": str}
+_REQUIRED = ("name", "type", "path", "version")
+
+
+def manifest_problem(manifest: object) -> str | None:
+    """What makes a manifest of ours unfit to read (None when it is fit): a field missing or of a wrong type,
+    a version below 1, a created_ts that is no date."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    for key, types in _MANIFEST_FIELDS.items():
+        value = manifest.get(key)
+        if value is None and key not in _REQUIRED:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            want = " or ".join(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
+            return f"{key} is {json.dumps(value)[:40]}, not {want}"
+    if manifest["version"] < 1:
+        return f"version {manifest['version']} is below 1"
+    if not 0 <= (manifest.get("created_ts") or 0) < CREATED_TS_MAX:  # NaN and infinity too
+        return f"created_ts {manifest['created_ts']} is not a time (seconds since 1970)"
+    if not all(isinstance(i, dict) and isinstance(i.get("producer"), (str, type(None)))
+               for i in manifest.get("inputs") or []):
+        return "an entry of inputs is not an object with a text or null producer"
+    return None
+
+
+def read_store(root: str, bad: Callable[[str, str], None] | None = None) -> list[dict]:
+    """Every artifact version in the store, newest first; a damaged manifest is told to `bad(path, why)`."""
     found = []
     try:
         names = os.listdir(root)
@@ -139,25 +206,36 @@ def read_store(root: str) -> list[dict]:
         return []
     for name in names:
         for version in versions(os.path.join(root, name)):
-            if manifest := read_manifest(os.path.join(root, name, f"v{version}", "manifest.json")):
+            if manifest := read_manifest(os.path.join(root, name, f"v{version}", "manifest.json"), bad):
                 found.append(manifest)
-    return sorted(found, key=lambda m: (m.get("created_ts", 0), m.get("version", 0)), reverse=True)
+    return newest_first(found)
 
 
-def resolve_ref(root: str, ref: str) -> dict | None:
-    """`NAME:latest`, `NAME:vN` or `NAME:N` to its manifest, or None."""
+def newest_first(manifests: list[dict]) -> list[dict]:
+    return sorted(manifests, key=lambda m: (m.get("created_ts") or 0, m["version"]), reverse=True)
+
+
+def resolve_ref(root: str, ref: str, bad: Callable[[str, str], None] | None = None) -> dict | None:
+    """`NAME:latest`, `NAME:vN` or `NAME:N` to its manifest, or None; a damaged `latest` or manifest is told
+    to `bad(path, why)`."""
     name, _, version = ref.rpartition(":")
     if not NAME.match(name or "-"):
         return None
     folder = os.path.join(root, name)
     if version == "latest":
+        latest = os.path.join(folder, "latest")
         try:
-            with open(os.path.join(folder, "latest")) as f:
-                version = f.read().strip()
-        except OSError:
+            version = read_small(latest, 64).strip()
+            if not version.isdigit():
+                raise ValueError(f"{version[:40]!r} is not a version number")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            if bad:
+                bad(latest, str(e))
             return None
     version = version.removeprefix("v")
-    return read_manifest(os.path.join(folder, f"v{version}", "manifest.json")) if version.isdigit() else None
+    return read_manifest(os.path.join(folder, f"v{version}", "manifest.json"), bad) if version.isdigit() else None
 
 
 def describe(path: str) -> dict:

@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import artifact_name, is_manifest, read_store, resolve_ref, sample_dir
+from .contract import (SMALL_FILE_MAX, artifact_name, newest_first, parse_manifest, read_store, resolve_ref, sample_dir,
+                       small_text)
 from .errors import ClusterError
-from .findings import Report
+from .findings import Report, skipped
 from .paths import JOB_DIR_PLACEHOLDER, config_names
 from .stages import Input, Stage, producers
 
@@ -46,30 +47,30 @@ class Store:
         self._manifests: list[dict] | None = None
 
     def manifests(self) -> list[dict]:
-        """Every version, newest first (one read of the store per command)."""
+        """Every version, newest first (one read of the store per command); a damaged one is named on stderr."""
         if self._manifests is None:
-            self._manifests = read_store(self.root) if not self.ssh else self._remote()
+            self._manifests = read_store(self.root, _damaged) if not self.ssh else self._remote()
         return self._manifests
 
     def _remote(self) -> list[dict]:
         from .executors.commands import run
 
-        find = ["find", self.root, "-mindepth", "3", "-maxdepth", "3", "-path", "*/v*/manifest.json",
-                "-exec", "cat", "{}", "+"]
         done = run(["test", "-d", self.root], self.ssh, timeout=60)
         if done.returncode not in (0, 1):  # 1: no store yet; else ssh itself failed
             raise ClusterError(f"cannot read the artifact store {self.root} on {self.ssh['host']}: "
                                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'ssh failed'}")
-        out = run(find, self.ssh, timeout=300).stdout if done.returncode == 0 else ""
         found = []
-        for line in out.splitlines():  # a manifest is one JSON object on one line
+        files = read_files(self.root, ["-mindepth", "3", "-maxdepth", "3", "-path", "*/v*/manifest.json"], self.ssh) \
+            if done.returncode == 0 else []
+        for path, data in files:
             try:
-                manifest = json.loads(line)
-            except ValueError:
+                manifest = parse_manifest(small_text(data))
+            except ValueError as e:
+                _damaged(path, str(e))
                 continue
-            if is_manifest(manifest):
+            if manifest:
                 found.append(manifest)
-        return sorted(found, key=lambda m: (m.get("created_ts", 0), m.get("version", 0)), reverse=True)
+        return newest_first(found)
 
     def newest(self, kinds: tuple[str, ...], profile: str | None, prefer: str | None,
                only: tuple[str, ...] = ()) -> dict | None:
@@ -91,7 +92,7 @@ class Store:
 
     def by_ref(self, ref: str) -> dict | None:
         if not self.ssh:
-            return resolve_ref(self.root, ref)
+            return resolve_ref(self.root, ref, _damaged)
         name, _, version = ref.rpartition(":")
         mine = [m for m in self.manifests() if m.get("name") == name]
         if version == "latest":
@@ -102,6 +103,21 @@ class Store:
         """The artifacts of the newest completed job with this config digest for this profile."""
         found = [m for m in self.manifests() if m.get("config_digest") == digest and m.get("profile") == profile]
         return [m for m in found if m.get("producer") == found[0].get("producer")] if found else []
+
+
+def _damaged(path: str, why: str) -> None:
+    skipped(path, "artifact store file", why)
+
+
+def read_files(root: str, tests: list[str], ssh: dict | None, limit: int = SMALL_FILE_MAX) -> list[tuple[str, bytes]]:
+    """(path, its first `limit` + 1 bytes) of each regular file `find -L ROOT TESTS` lists, on this machine or
+    over SSH: FIFOs, devices and links to them are never opened, nor a file read past the limit."""
+    from .executors.commands import run
+
+    argv = ["find", "-L", root, *tests, "-type", "f", "-exec", "head", "-v", "-c", str(limit + 1), "{}", "+"]
+    out = run(argv, ssh, timeout=300, text=False).stdout
+    parts = re.split(rb"(?:^|\n)==> (.*) <==\n", out)  # head's header before each file, a newline between two
+    return [(name.decode(errors="replace"), data) for name, data in zip(parts[1::2], parts[2::2])]
 
 
 def from_manifest(manifest: dict) -> Source:
@@ -191,7 +207,6 @@ def _malformed_ref(value: str) -> bool:
     if ":" not in value or "/" in value:
         return False
     return not (_is_ref(value) or (value.startswith(JOB_REF) and value[len(JOB_REF):].strip()))
-
 
 
 def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: str | None) -> str:

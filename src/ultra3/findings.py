@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,6 +65,17 @@ class Report:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.level == "warning"]
+
+
+_skipped: set[str] = set()
+
+
+def skipped(path: str, what: str, why: str) -> None:
+    """A damaged file that reading passes over (a job record, a manifest): one warning line on stderr, once."""
+    line = Finding("warning", path, f"skipped, a damaged {what}: {why}; fix or remove it").line()
+    if line not in _skipped:
+        _skipped.add(line)
+        print(line, file=sys.stderr)
 
 
 def _get(tree: object, dotted: str) -> object:

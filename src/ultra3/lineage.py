@@ -8,20 +8,23 @@ from typing import TextIO
 
 import yaml
 
-from .artifacts import Store
+from .artifacts import Store, read_files
+from .contract import SMALL_FILE_MAX, small_text
 from .records import JobRecord
+
+CONFIG_MAX = 16 * SMALL_FILE_MAX  # bytes of a job's config.yaml
 
 
 def job_config(record: JobRecord) -> dict:
     """The job's resolved config from its job dir (empty when it cannot be read)."""
-    path = f"{record.task_dir}/code/config.yaml"
     from .errors import ClusterError
-    from .executors.commands import run
 
     try:
-        return yaml.safe_load(run(["cat", path], record.ssh).stdout) or {}
-    except (ClusterError, yaml.YAMLError):
+        found = read_files(f"{record.task_dir}/code/config.yaml", ["-maxdepth", "0"], record.ssh, CONFIG_MAX)
+        config = yaml.safe_load(small_text(found[0][1], CONFIG_MAX)) if found else None
+    except (ClusterError, ValueError, yaml.YAMLError):
         return {}
+    return config if isinstance(config, dict) else {}
 
 
 def print_lineage(record: JobRecord, out: TextIO | None = None) -> None:
@@ -34,7 +37,7 @@ def print_lineage(record: JobRecord, out: TextIO | None = None) -> None:
     store = Store(job["artifacts_root"], record.ssh)
     out.write(f"{record.id}  ({record.stage} -c {record.config})\n")
     made = _made_by(store, record.id)
-    inputs = made[0]["inputs"] if made else [i for i in job.get("inputs") or [] if i.get("path")]
+    inputs = (made[0].get("inputs") or []) if made else [i for i in job.get("inputs") or [] if i.get("path")]
     _walk(store, made, inputs, out, "  ", {record.id})
 
 
@@ -56,4 +59,4 @@ def _walk(store: Store, made: list[dict], inputs: list[dict], out: TextIO, inden
             stage = upstream[0].get("stage") if upstream else "?"
             config = upstream[0].get("config") if upstream else "?"
             out.write(f"{indent}  {producer}  ({stage} -c {config})\n")
-            _walk(store, upstream, upstream[0]["inputs"] if upstream else [], out, indent + "    ", seen)
+            _walk(store, upstream, (upstream[0].get("inputs") or []) if upstream else [], out, indent + "    ", seen)

@@ -3,11 +3,18 @@ cancel work from any later shell; and the State a job is in."""
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, field
+import math
+import types
+import typing
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
+from .contract import read_small
 from .errors import UserError
+from .findings import skipped
 from .paths import state_home
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
@@ -28,7 +35,8 @@ class JobRecord:
     profile: str | None = None
     slurm_id: str | None = None
     pid: int | None = None  # local runs
-    ssh: dict | None = None  # host, user, port, identity for SSH submissions
+    started: str | None = None  # local runs: "<boot id>/<start time>" of pid, so a later process of that pid is not it
+    ssh: dict[str, str | int | None] | None = None  # host, user, port, identity for SSH submissions
     ray_address: str | None = None  # the Ray cluster of an `executor = "ray"` job
     argv: list[str] = field(default_factory=list)
     after: list[str] = field(default_factory=list)  # ids of the jobs it waits for (Slurm afterok)
@@ -75,9 +83,58 @@ def save(record: JobRecord) -> None:
 
 def _read(path: Path) -> JobRecord | None:
     try:
-        return JobRecord(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None  # gone, half-written, or from another version
+        data = json.loads(read_small(str(path)))
+    except FileNotFoundError:
+        return None  # removed meanwhile
+    except (OSError, ValueError) as e:
+        skipped(str(path), "job record", f"not JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e))
+        return None
+    if why := _problem(data):
+        skipped(str(path), "job record", why)
+        return None
+    return JobRecord(**data)
+
+
+def _problem(data: object) -> str | None:
+    """What keeps a record's JSON from being a JobRecord the commands can rely on; None when nothing does."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    if unknown := sorted(set(data) - set(_checks())):
+        return f"unknown field {unknown[0]!r} (written by a newer launcher?)"
+    for name, (f, fits) in _checks().items():
+        if name not in data and f.default is f.default_factory is MISSING:
+            return f"no {name}"
+        if name in data and not fits(data[name]):
+            return f"{name} is {json.dumps(data[name])[:40]}, not {f.type}"
+    return None
+
+
+@functools.cache
+def _checks() -> dict[str, tuple[Field, Callable[[object], bool]]]:
+    """Each field of JobRecord, with the check that a JSON value is of its type."""
+    hints = typing.get_type_hints(JobRecord)
+    return {f.name: (f, _check(hints[f.name])) for f in fields(JobRecord)}
+
+
+def _check(hint: object) -> Callable[[object], bool]:
+    """Whether a JSON value is of type `hint` (a bool is no number, a float finite)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        either = [_check(a) for a in args]
+        return lambda v: any(fits(v) for fits in either)
+    if origin in (list, dict):
+        item = _check(args[-1])
+        return lambda v: isinstance(v, origin) and all(map(item, v.values() if origin is dict else v))
+    if hint is float:
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
+    return lambda v: isinstance(v, hint) and not (isinstance(v, bool) and hint is int)
+
+
+def _finite(number: int | float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int past float's range
+        return False
 
 
 def load(job_id: str) -> JobRecord | None:

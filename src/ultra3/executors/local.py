@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..contract import read_small, write_atomic
+from ..errors import ClusterError
+from ..findings import skipped
 from ..launch.jobdir import write_code_dir
 from ..launch.plan import local_command, task_name
 from ..records import JobRecord, State
@@ -65,7 +68,8 @@ class Local(Executor):
         # The job's own process group, so cancel stops everything it started.
         proc = subprocess.Popen(["bash", str(script)], cwd=code, env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return self.new_record(job, job_id, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}", pid=proc.pid)
+        return self.new_record(job, job_id, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}", pid=proc.pid,
+                               started=_started(proc.pid))  # not reaped yet: still the job's own pid
 
     def states(self, records: list[JobRecord]) -> dict[str, State]:
         return {r.id: _state(r) for r in records}
@@ -75,21 +79,23 @@ class Local(Executor):
 
     def cancel(self, record: JobRecord) -> None:
         """SIGTERM to the job's process group; what still runs after CANCEL_GRACE_S (a Ray start that holds the
-        signal back) is killed, and the cancellation recorded as its exit code."""
-        if not (record.pid and _alive(record.pid)):
-            return
+        signal back) is killed, and the cancellation recorded as its exit code. Only while the record's pid is
+        still the job's own process (_is_job): never the group of a later process given the same pid."""
+        if not _is_job(record):
+            st = _state(record)
+            raise ClusterError(f"{record.id} not cancelled: {f'it ended {st.state}' if st.done else st.reason}")
         os.killpg(record.pid, signal.SIGTERM)
         deadline = time.time() + CANCEL_GRACE_S
-        while _alive(record.pid) and time.time() < deadline:
+        while _is_job(record) and time.time() < deadline:
             time.sleep(0.2)
-        if _alive(record.pid):
+        if _is_job(record):
             try:
                 os.killpg(record.pid, signal.SIGKILL)
             except ProcessLookupError:
                 return
             exit_file = Path(record.task_dir) / "exit_code"
             if not exit_file.is_file():
-                exit_file.write_text("143\n")
+                write_atomic(str(exit_file), "143\n")
 
 
 def job_script(job: Job, task_dir: Path) -> str:
@@ -104,22 +110,65 @@ def job_script(job: Job, task_dir: Path) -> str:
 
 
 def _state(record: JobRecord) -> State:
-    alive = bool(record.pid) and _alive(record.pid)  # first: a process gone has written its whole exit code
-    exit_file = Path(record.task_dir) / "exit_code"
-    text = exit_file.read_text().strip() if exit_file.is_file() else ""
-    if text:
-        code = int(text)
+    alive = _is_job(record)  # first: a process gone has written its whole exit code
+    code = _exit_code(record)
+    if code is not None:
         if code == 0:
             return State("COMPLETED", 0, "", "job dir")
         return State("CANCELLED" if code in CANCEL_CODES else "FAILED", code, "", "job dir")
     if alive:
         return State("RUNNING", None, "", "process")
-    return State("UNKNOWN", None, "the process is gone and left no exit code", "")
+    return State("UNKNOWN", None, f"its process (pid {record.pid}) is gone and left no exit code: killed (SIGKILL, "
+                                  "out of memory) or the machine restarted", "")
 
 
-def _alive(pid: int) -> bool:
+def _exit_code(record: JobRecord) -> int | None:
+    path = f"{record.task_dir}/exit_code"
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+        text = read_small(path, 64).strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        skipped(path, "exit code file", str(e))
+        return None
+    try:
+        return int(text) if text else None  # empty: being written
+    except ValueError:
+        skipped(path, "exit code file", f"{text[:20]!r} is not an exit code")
+        return None
+
+
+def _is_job(record: JobRecord) -> bool:
+    """Whether the record's pid is still the job's process: alive, the leader of its own session, and started
+    when the job was. A record of an older launcher has no start time: the process must run the job's script
+    (`bash <task dir>/job.sh`, a path that holds the job id)."""
+    stat = _stat(record.pid) if record.pid else None
+    if stat is None or stat[0] == "Z" or not stat[2] == stat[3] == str(record.pid):
+        return False
+    if record.started:
+        return record.started == _started(record.pid)
+    try:
+        with open(f"/proc/{record.pid}/cmdline", "rb") as f:
+            return f.read(64 * 1024) == f"bash\0{Path(record.task_dir, SCRIPT)}\0".encode()
     except OSError:
         return False
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name: state, ppid, pgrp, session, ..."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read(4096).rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def _started(pid: int) -> str | None:
+    """`<boot id>/<start time in clock ticks since boot>` of a process: no two processes of a pid share it."""
+    stat = _stat(pid)
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read(64).strip()
+    except OSError:
+        return None
+    return f"{boot}/{stat[19]}" if stat else None
