@@ -41,6 +41,7 @@ IMAGE_ID = "/opt/ultra3/image.json"  # in an image `ultra3 container build` made
 
 # -- rules both sides apply ----------------------------------------------------------------------
 NVFP4_CAPABILITIES = ((10, 0), (10, 3))  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only
+HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")  # a data prep's hub tokenizer: org/name[@revision]
 
 
 def trains_nvfp4(capability: tuple[int, int]) -> bool:

@@ -47,8 +47,9 @@ Output (under output_dir, or output_dir/sample-N):
     <dataset>/shard_000000.json     the shard's receipt
 
 Exit codes: 0 done; 2 a config or input problem (one line on stderr, and nothing written when it is found
-before any shard: missing inputs, an unreadable tokenizer, an empty corpus), or a bad record under strict;
-1 no workers (one line: Ray unreachable, a worker killed), or anything else (with its traceback); 143 on SIGTERM.
+before any shard: missing inputs, an unreadable tokenizer, an empty corpus), a bad record under strict, or a
+full disk (one line; the shards finished are kept, the files under temporary names removed); 1 no workers
+(one line: Ray unreachable, a worker killed), or anything else (with its traceback); 143 on SIGTERM.
 """
 
 from __future__ import annotations

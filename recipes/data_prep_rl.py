@@ -41,9 +41,9 @@ Output (output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
 written: a missing blend or source, a blend no longer than val_rows, an output_dir holding something else),
-or a bad row under strict (`FILE:LINE: what is wrong; the fix`); 1 the workers could not be started or reached (one
-line), or anything else (with its traceback); 143 on SIGTERM (the blends finished so far are kept, in
-output_dir/.staging-rl, for the next run to resume from).
+or a bad row under strict (`FILE:LINE: what is wrong; the fix`), or a full disk (one line); 1 the workers could
+not be started or reached (one line), or anything else (with its traceback); 143 on SIGTERM (the blends finished
+so far are kept, in output_dir/.staging-rl, for the next run to resume from).
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ Output (output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
 written: missing inputs, an unreadable tokenizer or template, an empty corpus, an output_dir holding
-something else), or a bad record under strict; 1 the workers could not be started or reached (one line), or
-anything else (with its traceback); 143 on SIGTERM.
+something else), a bad record under strict, or a full disk (one line); 1 the workers could not be started or
+reached (one line), or anything else (with its traceback); 143 on SIGTERM.
 """
 
 from __future__ import annotations

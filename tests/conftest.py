@@ -177,6 +177,23 @@ def wait_for(predicate, timeout: float = 60, interval: float = 0.5):
         time.sleep(interval)
 
 
+@pytest.fixture
+def read_only(tmp_path) -> Path:
+    """A directory no one may write in: a read-only tmpfs as root (who writes anywhere else), else mode 555."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
 def free_ports(n: int) -> list[int]:
     """n TCP ports free on 127.0.0.1 right now (for servers a test starts)."""
     socks = [socket.socket() for _ in range(n)]

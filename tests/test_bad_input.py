@@ -345,7 +345,7 @@ CASES = [
                                      "bf16_checkpoint=/nonexistent/ultra-bf16", "calibration.path=missing.jsonl"],
          [r"bf16_checkpoint: /nonexistent/ultra-bf16 does not exist \(set in command line\); run `ultra3 rl mopd` "
           r"or fix the path",
-          r"calibration\.path: missing\.jsonl matches no file on this machine; fix the path"]),
+          r"calibration\.path: missing\.jsonl matches no file on this machine \(set in command line\); fix the path"]),
     Case("quantize-input-in-its-own-job-dir", ["quantize", "-c", "tiny", "make_checkpoint=false", "--dry-run"],
          [r"bf16_checkpoint: \$\{job\.dir\}/tiny-bf16 is inside this job's own new directory, empty until the job "
           r"starts \(set in configs/quantize/tiny\.yaml\); set bf16_checkpoint=PATH, or bf16_checkpoint=null for the "
@@ -411,8 +411,8 @@ def test_a_local_data_prep_checks_its_input_files_before_writing_anything(cli_he
     corpus = tmp_path / name
     corpus.write_bytes(content)
     r = cli_here("data", "prep", "pretrain", "-c", "tiny", f"datasets=[{{name: x, path: {corpus}}}]")
-    assert r.rc == 2 and r.err_lines == [f"error: datasets[0].path: {corpus} {problem} on this machine; fix the path"], \
-        r.err
+    assert r.rc == 2 and r.err_lines == [f"error: datasets[0].path: {corpus} {problem} on this machine (set in command "
+                                         "line); fix the path"], r.err
     assert not (home / "state").exists() or not any((home / "state").rglob("config.yaml"))
 
 

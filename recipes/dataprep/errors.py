@@ -1,7 +1,11 @@
 """The two errors a data-prep run reports to its user (one line on stderr, exit contract.INPUT_ERROR_EXIT),
-as opposed to bugs and system failures (a traceback, exit 1)."""
+as opposed to bugs and system failures (a traceback, exit 1), of which a full disk is reported the same way."""
 
 from __future__ import annotations
+
+import errno
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a write refused for want of space (or of quota)
 
 
 class DataPrepError(Exception):

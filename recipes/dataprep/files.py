@@ -65,6 +65,17 @@ def missing_dirs(path: str) -> list[str]:
     return missing
 
 
+def remove_temporary(root: str) -> None:
+    """Remove every file under `root` still under a temporary name: writes that did not finish."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if TMP_MARK in name:
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except FileNotFoundError:
+                    pass
+
+
 def write_json(path: str, obj) -> None:
     write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
 

@@ -16,6 +16,9 @@ import threading
 from .errors import DataPrepError
 
 
+KILL_WAIT_S = 10  # for a killed worker to be gone
+
+
 class ClusterError(Exception):
     """The workers could not be started or reached."""
 
@@ -94,10 +97,13 @@ class Pool:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     def kill(self) -> None:
-        """Now: a running task cannot be stopped, so its worker goes."""
+        """Now: a running task cannot be stopped, so its worker goes (gone on return: nothing it writes after)."""
         self._started_all()
-        for process in self.processes():  # Python 3.14 has kill_workers()
+        processes = self.processes()
+        for process in processes:  # Python 3.14 has kill_workers()
             process.kill()
+        for process in processes:
+            process.join(KILL_WAIT_S)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 

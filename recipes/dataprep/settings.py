@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..contract import INPUT_ERROR_EXIT
+from ..contract import INPUT_ERROR_EXIT, NAME  # NAME: what a dataset's name may be (its output directory)
 from . import inputs, line_reader
 from .cluster import BACKENDS, ClusterError
-from .errors import DataPrepError
+from .errors import DISK_FULL, DataPrepError
 
 
 def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None) -> int:
-    """`--config PATH` to `run`; config and input errors: one line, INPUT_ERROR_EXIT; Ray's: one line, 1."""
+    """`--config PATH` to `run`; config and input errors, and a full disk: one line, INPUT_ERROR_EXIT; Ray's: one
+    line, 1."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
@@ -26,6 +26,14 @@ def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] 
         return run(args.config)
     except DataPrepError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return INPUT_ERROR_EXIT
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        where = f" in {os.path.dirname(e.filename)}" if e.filename else ""
+        print(f"{prog}: error: {e.strerror}{where}: the filesystem of output_dir (or hf_cache_dir) is full; free "
+              "space or choose another output_dir and run again (what is finished is kept)", file=sys.stderr,
+              flush=True)
         return INPUT_ERROR_EXIT
     except ClusterError as e:  # Ray could not be started or reached: not a traceback
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
@@ -183,9 +191,6 @@ def resolve_files(settings) -> dict:
             paths, provenance = hub.resolve_dataset(d.path, d.split, d.subset, d.revision, settings.hf_cache_dir)
             found[d.name] = ([(p, inputs.detect_format(p)) for p in paths], provenance)
     return {d.name: found[d.name] for d in settings.datasets}
-
-
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def dataset_entries(cfg: dict, field: str, default_field: str, what: str) -> list[tuple]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 
+from ..contract import HUB_MODEL
 from .errors import DataPrepError
 
 COMMON_EOS = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>")
 UINT16_LIMIT = 65500
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 
 @dataclass
@@ -65,7 +64,7 @@ def load(spec: str, eod_token: str | None = None, cache_dir: str | None = None) 
     elif os.path.exists(local):
         path = local
         config_path = os.path.join(os.path.dirname(os.path.abspath(local)), "tokenizer_config.json")
-    elif HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+    elif HUB_MODEL.match(spec) and not spec.startswith((".", "/", "~")):
         from .hub import download_tokenizer
 
         path, config_path, revision = download_tokenizer(spec, cache_dir)

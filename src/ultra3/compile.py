@@ -95,6 +95,9 @@ def compile_job(stage: Stage, options: Options) -> Job:
     report = Report()
     config_path = find_config(stage.config_dir, options.config)
     layers = load_layers(config_path, stage.config_dir)
+    if not any(layer.values for layer in layers):  # not even `defaults:`: not the file meant
+        raise UserError(f"--config {options.config}: {layers[-1].source} is empty; give this stage's keys, or "
+                        "`defaults: [default]` and the keys that differ")
     base_sources = {layer.source for layer in load_layers(find_config(stage.config_dir, "default"), stage.config_dir)}
 
     if options.env_file:

@@ -236,12 +236,18 @@ def run_pipe(options: PipeOptions) -> None:
     if options.run and options.batch:
         raise UserError("--run and --batch: choose one (--run follows the pipe, --batch returns after submitting)")
     path, steps = plan(options)
+    todo = [s for s in steps if not s.skipped]
+    from .executors import executor
+
+    chains = bool(todo) and executor(todo[0].job.executor).chains
+    if todo and not chains and options.mode == "detached":  # the dry run refuses it too
+        raise UserError(f"--batch {options.batch}: the {todo[0].job.executor} executor cannot chain jobs; run the "
+                        f"pipe with --run {options.batch} (it runs the steps one after another)")
     if options.dry_run:
         from .pipe_show import print_plan
 
         print_plan(path, steps, options)
         return
-    todo = [s for s in steps if not s.skipped]
     for step in steps:
         if step.skipped:
             done = ", ".join(f"{m['name']}:v{m['version']}" for m in step.reused)
@@ -249,12 +255,6 @@ def run_pipe(options: PipeOptions) -> None:
     if not todo:
         print("every step already completed with this config; --force re-runs them")
         return
-    from .executors import executor
-
-    chains = executor(todo[0].job.executor).chains
-    if not chains and options.mode == "detached":
-        raise UserError(f"--batch {options.batch}: the {todo[0].job.executor} executor cannot chain jobs; run the "
-                        f"pipe with --run {options.batch} (it runs the steps one after another)")
     pipe_id = f"pipe-{path.stem}_{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     if chains:
         _submit_chain(pipe_id, path, todo, options)

@@ -32,8 +32,14 @@ class Text:
         return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
 
 
-JOB_NAME = Text(r"[A-Za-z0-9._-]*", "letters, digits, '.', '_' and '-' only (it becomes part of the Slurm job name "
-                                    "and of log file names in the batch script)")
+# The Slurm job name is the prefix + the task name (18 characters at most, `data-prep-pretrain`), and the batch script
+# names its logs after it: `log-<job name>_<job id>_<restart>.out`, one file name of at most 255 bytes, which a job
+# id of 10 digits and a restart count of 4 leave 231 of; a longer one fails the job before it writes a line.
+# (Slurm's own limit on a job name is 1024 characters.)
+JOB_NAME_PREFIX_MAX = 200
+JOB_NAME = Text(rf"[A-Za-z0-9._-]{{0,{JOB_NAME_PREFIX_MAX}}}",
+                f"letters, digits, '.', '_' and '-' only, {JOB_NAME_PREFIX_MAX} characters at most (it becomes part of "
+                "the Slurm job name and of log file names in the batch script, 255 bytes each at most)")
 SAFE_PATH = Text(r"[A-Za-z0-9._/~+-]+", "a path of letters, digits and '._/~+-' only (NeMo-Run's packager and the "
                                          "batch script use it unquoted)")
 # NeMo-Run writes the srun line's arguments unquoted (its `noquote` is an alias of str): an image and a mount are

@@ -1,6 +1,6 @@
-"""Rules for the data-prep stages: a blend that can run, inputs that exist, packing that fits; for the RL
-blends (a config with `blends`), a source and placeholder sources that exist and a validation split that
-leaves rows to train on.
+"""Rules for the data-prep stages: a blend that can run (dataset names the runtime takes, a tokenizer it can
+read), inputs that exist, an output directory it can write, packing that fits; for the RL blends (a config with
+`blends`), a source and placeholder sources that exist and a validation split that leaves rows to train on.
 
 Local paths are checked here when they should be visible from this machine: an error for a local run,
 a warning for a Slurm submission (compute nodes may mount what the login node does not). A relative
@@ -11,13 +11,17 @@ from __future__ import annotations
 import glob
 import os
 import pathlib
+import re
 
+from ultra3.contract import HUB_MODEL, NAME
 from ultra3.findings import Report
 from ultra3.paths import RECIPES_DIR
+from ultra3.schema import _where
 
 from ._common import get
 
 HF = "hf://"
+TOKENIZER_FIX = "give a tokenizer.json, a directory holding one, or a hub model id org/name"
 
 
 def validate_data_prep(cfg: dict, report: Report) -> None:
@@ -31,6 +35,8 @@ def validate_data_prep(cfg: dict, report: Report) -> None:
     elif isinstance(out, str) and not out.startswith(("/", "~", "@")):  # @: the job's own dirs, placed later
         report.error("output_dir", f"'{out}' is relative, but the job runs in its own code dir; give an absolute "
                                    f"path, e.g. output_dir={os.path.join(os.getcwd(), out)}")
+    elif isinstance(out, str) and not out.startswith("@"):
+        check_output_dir(cfg, out, report)
     for key in ("num_shards", "sample", "workers", "pack_size", "valid_shards", "test_shards", "val_rows"):
         value = get(cfg, key)
         if value is not None and value < (0 if key.endswith("_shards") else 1):
@@ -56,6 +62,11 @@ def _check_datasets(cfg: dict, report: Report) -> None:
         key = f"datasets[{i}]"
         if not ds.get("name"):
             report.error(f"{key}.name", "every dataset needs a name (it names its shards and its blend entry)")
+        elif not NAME.match(str(ds["name"])):
+            fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", str(ds["name"])).strip("._-") or "web"
+            report.error(f"{key}.name", f"{ds['name']!r}{_where(key, report.origin)} names the dataset's output "
+                                        "directory: use letters, digits, '.', '_' and '-', starting with a letter "
+                                        f"or digit, e.g. name: {fixed}")
         elif names.count(ds["name"]) > 1:
             report.error(f"{key}.name", f"'{ds['name']}' is used by {names.count(ds['name'])} datasets; names "
                                         "must be unique")
@@ -66,8 +77,51 @@ def _check_datasets(cfg: dict, report: Report) -> None:
     tokenizer = get(cfg, "tokenizer")
     if not tokenizer:
         report.error("tokenizer", "no tokenizer; set a Hugging Face name or a local tokenizer.json or directory")
-    elif (tokenizer.endswith(".json") or tokenizer.startswith(("/", "~", "."))) and not _exists(tokenizer):
-        _missing(cfg, "tokenizer", f"{tokenizer} does not exist", report)
+    elif problem := _tokenizer_problem(tokenizer):
+        _missing(cfg, "tokenizer", problem, report, TOKENIZER_FIX)
+
+
+def _tokenizer_problem(tokenizer: str) -> str | None:
+    """What the runtime would refuse: a path here wins (a directory holding tokenizer.json, or the file), else a
+    hub model id. A file is checked for the shape of a tokenizer.json (a JSON object with a `model`), not parsed
+    whole: the runtime does that."""
+    path = _local(tokenizer)
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            return f"{tokenizer} is a directory without a tokenizer.json"
+    elif not os.path.exists(path):
+        hub = HUB_MODEL.match(tokenizer) and not tokenizer.startswith((".", "/", "~"))
+        return None if hub else f"{tokenizer} does not exist and is not a hub model id org/name"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return f"{path} is not readable ({e.strerror})"
+    if not data.lstrip().startswith(b"{") or b'"model"' not in data:
+        return f"{path} is not a tokenizer.json (a JSON object with a `model`)"
+    return None
+
+
+def check_output_dir(cfg: dict, out: str, report: Report) -> None:
+    """A directory the job can make, or write in, on this machine (where it writes: sample-N below it)."""
+    path = os.path.expanduser(out)
+    there = next(p for p in (path, *_parents(path)) if os.path.exists(p))
+    if not os.path.isdir(there):
+        problem = f"{there} is a file, not a directory"
+    elif not os.access(there, os.W_OK | os.X_OK):
+        problem = f"{there} is not writable"
+    else:
+        return
+    _missing(cfg, "output_dir", problem, report, "choose a directory the job can write")
+
+
+def _parents(path: str) -> list[str]:
+    parents = []
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        parents.append(path)
+    return parents
 
 
 def _check_template(cfg: dict, report: Report) -> None:
@@ -155,13 +209,14 @@ def _unreadable(path: str) -> str | None:
     return None
 
 
-def _missing(cfg: dict, key: str, what: str, report: Report) -> None:
+def _missing(cfg: dict, key: str, what: str, report: Report, fix: str = "fix the path") -> None:
     if any(i.get("key") == key and i.get("pending") for i in get(cfg, "job.inputs") or []):
         return  # the output of an earlier pipe step, not made yet
+    where = _where(key, report.origin)
     if get(cfg, "job.executor") == "local":
-        report.error(key, f"{what} on this machine; fix the path")
+        report.error(key, f"{what} on this machine{where}; {fix}")
     else:
-        report.warn(key, f"{what} on this machine; fine if the cluster mounts it (the job's preflight checks)")
+        report.warn(key, f"{what} on this machine{where}; fine if the cluster mounts it (the job's preflight checks)")
 
 
 def _check_packing(cfg: dict, report: Report) -> None:

@@ -16,7 +16,7 @@ from ultra3.contract import CHECKPOINT_TRACKERS as TRACKERS
 
 from . import parallelism
 from ._common import get, pos_int
-from .data_prep import _exists, _missing
+from .data_prep import _exists, _missing, check_output_dir
 
 BACKENDS = ("hf", "megatron")
 DEVICES = ("auto", "cpu", "cuda")
@@ -37,6 +37,9 @@ def validate_quantize(cfg: dict, report: Report) -> None:
     for key in ("modelopt_recipe", "output_dir", "calibration.path"):  # bf16_checkpoint is the stage's input
         if not get(cfg, key):
             report.error(key, f"{key} is not set")
+    out = get(cfg, "output_dir")
+    if isinstance(out, str) and out.startswith(("/", "~")):
+        check_output_dir(cfg, out, report)
     _checkpoint(cfg, report)
     _recipe(get(cfg, "modelopt_recipe"), report)
     calib = get(cfg, "calibration.path")
@@ -66,7 +69,9 @@ def _checkpoint(cfg: dict, report: Report) -> None:
     if not path or get(cfg, "make_checkpoint") or not path.startswith(("/", ".", "~")):
         return  # none, made by the run, or a hub id
     if not _exists(path):
-        return  # the stage's input: ultra3.artifacts reports a missing path
+        if path.startswith("."):  # ultra3.artifacts reports a missing absolute path
+            _missing(cfg, "bf16_checkpoint", f"{path} does not exist", report)
+        return
     if not any(_exists(os.path.join(path, name)) for name in ("config.json", *TRACKERS)):
         report.error("bf16_checkpoint", f"{path} is neither a Hugging Face checkpoint (config.json) nor a "
                                         f"Megatron-Bridge checkpoint ({' or '.join(TRACKERS)}); give the model "
