@@ -85,6 +85,15 @@ def read_small(path: str, limit: int = SMALL_FILE_MAX) -> str:
         return small_text(f.read(limit + 1), limit)
 
 
+def read_json(path: str) -> object:
+    """The JSON of a small regular file (read_small); ValueError saying why there is none."""
+    text = read_small(path)
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+
+
 def small_text(data: bytes, limit: int = SMALL_FILE_MAX) -> str:
     """The text of a small file's first `limit` + 1 bytes: ValueError when it has more, or is not UTF-8."""
     if len(data) > limit:

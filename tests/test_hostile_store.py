@@ -366,3 +366,43 @@ def test_lineage_never_reads_a_config_yaml_that_is_no_file(two_checkpoints, kind
     assert (r.rc, r.err) == (0, ""), r.err
     assert r.out == f"{NEWER}: its job dir holds no artifact record (submitted before artifacts, or not readable " \
                     "from here)\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "oversized", "not JSON", "a list", "steps of strings"])
+def test_a_damaged_pipe_record_is_named_and_the_older_one_taken(good_and_bad, kind):
+    good, _ = good_and_bad
+    from ultra3.pipe import pipes_dir
+
+    pipes_dir().mkdir(parents=True)
+    record = {"id": "pipe-tiny_20260101-000000-aaaaaa", "config": "tiny.yaml", "submitted": 0.0,
+              "steps": [{"id": "pretrain", "stage": "pretrain", "job": good}]}
+    (pipes_dir() / f"{record['id']}.json").write_text(json.dumps(record))
+    newer = pipes_dir() / "pipe-tiny_20260103-000000-cccccc.json"
+    if kind == "steps of strings":
+        newer.write_text(json.dumps(record | {"steps": [good]}))
+        why = "steps is not a list of {id, stage, job}"
+    else:
+        why = make_hostile(newer, kind, json.dumps(record))
+        why = "not an object with the pipe's id and config" if kind == "a list" else why
+
+    r = nemotron("status", "pipe-tiny")
+
+    assert r.rc == 0 and r.err_lines == [f"warning: {newer}: skipped, a damaged pipe record: {why}; fix or remove "
+                                         "it"], r.out + r.err
+    assert f"pipe:      {record['id']} (tiny.yaml)" in r.out and good in r.out, r.out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "oversized", "a list"])
+def test_a_built_image_s_manifest_that_is_no_manifest_file_is_never_read(home, kind):
+    from ultra3 import images
+
+    image = images.kind_image("training", {}, str(home / "cache"), "h100")
+    Path(image.path).parent.mkdir(parents=True)
+    Path(image.path).write_bytes(b"sqsh")
+    manifest = Path(image.manifest)
+    make_hostile(manifest, kind, json.dumps({"digest": image.digest}))
+
+    r = bounded([str(BIN / "ultra3"), "pretrain", "-c", "tiny", "--batch", "blackwell", "--dry-run",
+                 "run.container_image=training", f"dataset.blend_path={home}/blend.json"])
+
+    assert r.rc == 2 and "error: run.container_image: the training image is not built" in r.err, r.out + r.err

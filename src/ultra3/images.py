@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .config import CLI_SOURCE, find_config, flatten, load_layers, merge, resolve, unflatten
+from .contract import SMALL_FILE_MAX, read_small, small_text
 from .executors.commands import run, ssh_of
 from .gpus import GPU_TYPES
 from .paths import CONFIGS_DIR, nemorun_home
@@ -157,17 +158,16 @@ def build_script(config: dict, image: Image) -> str:
 def read_manifest(image: Image, ssh: dict | None) -> dict[str, Any] | None:
     """The build's manifest beside its .sqsh, None when the image is not built (on this machine, or on the
     cluster's login node over SSH)."""
-    if ssh:
-        shown = run(["cat", image.manifest], ssh)
-        text = shown.stdout if shown.returncode == 0 else None
-    else:
-        try:
-            text = Path(image.manifest).read_text(encoding="utf-8") if os.path.exists(image.path) else None
-        except OSError:
-            text = None
     try:
-        return json.loads(text) if text else None
-    except ValueError:
+        if ssh:  # a regular file only, and no more of it than a manifest holds
+            shown = run(["find", "-L", image.manifest, "-maxdepth", "0", "-type", "f", "-exec", "head", "-c",
+                         str(SMALL_FILE_MAX + 1), "{}", "+"], ssh, text=False)
+            text = small_text(shown.stdout) if shown.returncode == 0 else ""
+        else:
+            text = read_small(image.manifest) if os.path.exists(image.path) else ""
+        manifest = json.loads(text) if text else None
+        return manifest if isinstance(manifest, dict) else None
+    except (OSError, ValueError):  # not the manifest a build writes: the image counts as not built
         return None
 
 

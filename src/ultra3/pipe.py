@@ -21,8 +21,9 @@ from . import artifacts
 from .artifacts import Source
 from .compile import Job, Options, compile_job
 from .config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
+from .contract import read_json
 from .errors import InvalidConfig, JobFailed, UserError
-from .findings import Finding
+from .findings import Finding, skipped
 from .launch.jobdir import new_job_id
 from .paths import state_home
 from .profiles import load_profile
@@ -374,10 +375,27 @@ def _save_pipe(pipe_id: str, path: Path, todo: list[Step], records: dict[str, An
 
 
 def find_pipe(ref: str) -> dict | None:
+    """The newest pipe record whose id `ref` is or begins; a damaged one is named and passed over."""
     for path in sorted(pipes_dir().glob("*.json"), reverse=True):
         if path.stem == ref or path.stem.startswith(ref):
             try:
-                return json.loads(path.read_text())
-            except ValueError:
-                return None
+                pipe = read_json(str(path))
+            except (OSError, ValueError) as e:
+                skipped(str(path), "pipe record", str(e))
+                continue
+            if why := _damage(pipe):
+                skipped(str(path), "pipe record", why)
+                continue
+            return pipe
+    return None
+
+
+def _damage(pipe: object) -> str | None:
+    """What keeps a pipe record's JSON from being one `nemotron jobs` can read; None when nothing does."""
+    if not isinstance(pipe, dict) or not all(isinstance(pipe.get(k), str) for k in ("id", "config")):
+        return "not an object with the pipe's id and config"
+    steps = pipe.get("steps")
+    if not isinstance(steps, list) or not all(
+            isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("id", "stage", "job")) for s in steps):
+        return "steps is not a list of {id, stage, job}"
     return None

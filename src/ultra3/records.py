@@ -12,7 +12,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from .contract import read_small
+from .contract import read_json
 from .errors import UserError
 from .findings import skipped
 from .paths import state_home
@@ -83,11 +83,11 @@ def save(record: JobRecord) -> None:
 
 def _read(path: Path) -> JobRecord | None:
     try:
-        data = json.loads(read_small(str(path)))
+        data = read_json(str(path))
     except FileNotFoundError:
         return None  # removed meanwhile
     except (OSError, ValueError) as e:
-        skipped(str(path), "job record", f"not JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e))
+        skipped(str(path), "job record", str(e))
         return None
     if why := _problem(data):
         skipped(str(path), "job record", why)
