@@ -5,11 +5,10 @@ would submit, no new job in the queue."""
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import squeue_ids
+from conftest import our_jobs
 
 # Profiles with one mistake each, read with --env-file bad.toml.
 BAD_TOML = """
@@ -356,17 +355,6 @@ CASES = [
 ]
 
 
-def _our_new_jobs(before: set[str], where: str) -> set[str]:
-    """Jobs queued since `before` by this test (their work dir or script is under the test's tmp dir):
-    jobs of other sessions on the shared cluster don't count."""
-    new = squeue_ids() - before
-    if not new:
-        return set()
-    out = subprocess.run(["squeue", "-h", "-j", ",".join(sorted(new)), "-o", "%i %Z %o"],
-                         capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if where in line}
-
-
 def test_enough_cases():
     assert len(CASES) >= 30
     assert len({c.id for c in CASES}) == len(CASES)
@@ -383,7 +371,6 @@ def test_bad_input(case: Case, cli_here, home, request, tmp_path):
             (work / name).write_text(text)
     if case.submits:
         request.getfixturevalue("slurm")
-        before = squeue_ids()
 
     r = cli_here(*case.args, prog=case.prog, env=case.env)
 
@@ -396,7 +383,7 @@ def test_bad_input(case: Case, cli_here, home, request, tmp_path):
         assert secret not in r.out + r.err
     assert not home.exists() or not any(home.iterdir()), f"written under NEMOTRON_HOME: {list(home.rglob('*'))}"
     if case.submits:
-        assert not _our_new_jobs(before, str(tmp_path)), "a job was queued"
+        assert not our_jobs(tmp_path), "a job was queued"
 
 
 @pytest.mark.parametrize("name,content,problem", [
