@@ -118,6 +118,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
         del flat[key]
+    leaks.check_merged(flat, origin, report)
     for section in ("run", "cluster"):  # the launcher adds keys to these tables: a value there cannot stay
         if section in flat and flat[section] != {}:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
@@ -135,7 +136,6 @@ def compile_job(stage: Stage, options: Options) -> Job:
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
                   {**{k: v for k, v in stage.schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
-    leaks.check_merged(flat, origin, report)
     # every error in one round: the later checks run on what is left; a check tripping over a value already
     # reported stays quiet
     early, first = {f.key for f in report.errors}, len(report.findings)

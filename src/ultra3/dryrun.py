@@ -12,17 +12,7 @@ from .artifacts import optional, source_line
 
 from .compile import Job, changed_keys
 from .executors import executor
-from .profiles import SECRET_NAME
-
-MASK = "******"
-
-
-def mask(tree: Any, key: str = "") -> Any:
-    if isinstance(tree, dict):
-        return {k: mask(v, k) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [mask(v, key) for v in tree]
-    return MASK if key and SECRET_NAME.search(key) and tree not in (None, "") else tree
+from .leaks import masked
 
 
 def _section(out: TextIO, title: str) -> None:
@@ -46,7 +36,7 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
         out.write("(none)\n")
     width = max((len(k) for k in changed), default=0)
     for key in sorted(changed):
-        value = MASK if SECRET_NAME.search(key) else flat.get(key)
+        value = masked(flat.get(key), key)
         out.write(f"{key:<{width}} = {_inline(value)}  <- {changed[key]}\n")
 
     _section(out, "inputs and outputs (artifacts)")
@@ -64,7 +54,7 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
 
     _section(out, "compiled config")
     config = {"run": job.config["run"], **{k: v for k, v in job.config.items() if k != "run"}}
-    out.write(yaml.safe_dump(mask(config), sort_keys=False))
+    out.write(yaml.safe_dump(masked(config), sort_keys=False))
 
     _section(out, "resources")
     gpus = run.get("gpus_per_node") or 0
@@ -75,7 +65,7 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
     run_keys = sorted(k for k in job.origin if k.startswith(("run.", "cluster.")) and k in flat)
     width = max((len(k) for k in run_keys), default=0)
     for key in run_keys:  # where each value of the job's shape and placement came from
-        value = MASK if SECRET_NAME.search(key) else flat[key]
+        value = masked(flat[key], key)
         out.write(f"{key:<{width}} = {_inline(value)}  <- {job.origin[key]}\n")
     for name, rows in job.report.tables.items():
         _section(out, name)

@@ -29,8 +29,9 @@ RESERVED = ("artifacts", "wandb", "cli", "cache")  # settings tables, not profil
 UNUSED_TABLES = {"cli": "NVIDIA's CLI colours its dry run with it; ultra3 prints plain text, so it is not read",
                  "cache": "NVIDIA's CLI keeps its git clones there; ultra3 clones nothing, so it is not read"}
 # a name that ends in a secret's word (HF_TOKEN, WANDB_API_KEY, logger.comet_api_key), not one that only holds it
-# (model.moe_token_dispatcher_type, TOKENIZERS_PARALLELISM)
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIALS?)$", re.I)
+# (model.moe_token_dispatcher_type, TOKENIZERS_PARALLELISM) nor a tokenizer's special token (pad_token, eos_token)
+SECRET_NAME = re.compile(r"((?<!(?:PAD|EOS|BOS|UNK|SEP|CLS)_)(?<!MASK_)TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY"
+                         r"|CREDENTIALS?)$", re.I)
 
 
 @dataclass

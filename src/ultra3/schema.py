@@ -53,6 +53,10 @@ MOUNT = Text(r"[A-Za-z0-9_./@+=][A-Za-z0-9_./:@+=-]*",
 SLURM_TIME = Text(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
                   "a Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS (e.g. 04:00:00)")
 SLURM_MEM = Text(r"\d+[KMGT]?", "a Slurm memory size: a number with K, M, G or T (0: all of the node's memory)")
+# ssh's argv holds them: an option-like value (-oProxyCommand=...) would run a command on this machine
+HOST = Text(r"([A-Za-z0-9_:][A-Za-z0-9._:-]*)?", "a host name, an address or a ~/.ssh/config alias of letters, "
+                                                "digits and '._:-', not starting with '-' or '.'")
+USER = Text(r"([A-Za-z0-9_][A-Za-z0-9._-]*)?", "a user name of letters, digits and '._-', not starting with '-' or '.'")
 RAY_ADDRESS = Text(r"(https?://)?[A-Za-z0-9._-]+(:\d{1,5})?/?", "a Ray dashboard address such as http://head:8265")
 INT64 = 2**63 - 1
 
@@ -128,8 +132,8 @@ RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "reservation": (str, ("slurm",)),
     "segment": (Count(1), ("slurm",)),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
     "job_name_prefix": (JOB_NAME, ("slurm",)),
-    "host": (str, ("slurm",)),
-    "user": (str, ("slurm",)),
+    "host": (HOST, ("slurm",)),
+    "user": (USER, ("slurm",)),
     "port": (PORT, ("slurm",)),
     "identity": (str, ("slurm",)),
     "job_dir": (SAFE_PATH, ("slurm",)),

@@ -38,12 +38,15 @@ def run(argv: list[str], ssh: dict | None = None, timeout: float | None = None,
 
 
 def ssh_argv(ssh: dict) -> list[str]:
+    """Each setting an option's argument and the host after `--`: no value is read as an option of ssh."""
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
     if ssh.get("port"):
         argv += ["-p", str(ssh["port"])]
     if ssh.get("identity"):
         argv += ["-i", os.path.expanduser(ssh["identity"])]
-    return argv + [f"{ssh['user']}@{ssh['host']}" if ssh.get("user") else ssh["host"]]
+    if ssh.get("user"):
+        argv += ["-l", ssh["user"]]
+    return argv + ["--", ssh["host"]]
 
 
 def ssh_of(run: dict) -> dict | None:

@@ -14,6 +14,7 @@ import yaml
 from .. import nemo_rl_api
 from ..contract import NAME, newest_step
 from ..findings import Report
+from ..leaks import masked
 from ..nemo_rl_config import (TEACHER_CFG, declared_judges, describe, effective, is_mopd, layout_keys, materialize,
                                node_groups, teacher_pools)
 from ..schema import TEACHER_ROLES
@@ -48,7 +49,7 @@ def validate_rl(cfg: dict[str, Any], report: Report) -> None:
     services(cfg, report)
     report.tables["ray layout (node groups)"] = layout_rows(cfg, gpus)
     report.blocks[f"NeMo RL config ({nemo_rl_api.yaml_path(cfg['recipe'])} at {nemo_rl_api.commit()[:12]} "
-                  "with nemo_rl.* merged)"] = yaml.safe_dump(materialize(cfg), sort_keys=False, width=120)
+                  "with nemo_rl.* merged)"] = yaml.safe_dump(masked(materialize(cfg)), sort_keys=False, width=120)
 
 
 def nodes(cfg: dict[str, Any], report: Report) -> None:
