@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -157,6 +158,25 @@ def squeue_ids() -> set[str]:
         return set()
     out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     return set(out.split())
+
+
+def kill_session(sid: int, keep: int | None = None) -> None:
+    """SIGKILL every live process of session `sid` but `keep`, as a node failure or `scancel --signal=KILL` does
+    (a run's pool workers and embedded Ray sit in process groups of their own); a zombie left unreaped stays."""
+    def live(pid: int) -> bool:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return False
+        return fields[0] not in ("Z", "X") and int(fields[3]) == sid and pid != keep
+
+    while pids := [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if live(pid)]:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def our_jobs(where: Path | str) -> set[str]:

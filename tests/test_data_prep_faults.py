@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import kill_session
 from recipes.contract import INPUT_ERROR_EXIT
 from recipes.dataprep import lock
 from recipes.dataprep.errors import DataPrepError
@@ -84,26 +85,6 @@ def state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
 
-def kill_all_but(session: int, keep: int) -> None:
-    """SIGKILL every live process of the session but `keep` (a killed run's workers, its pool's server)."""
-    while pids := [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if pid != keep
-                   and _session(pid) == session]:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-
-
-def _session(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[3])
-
-
 # ---- the lock of a run that is gone ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("when", ["lock taken", "first shard published"])
@@ -118,7 +99,7 @@ def test_a_killed_run_not_yet_reaped_does_not_hold_the_lock(reference, tmp_path,
             assert run.poll() is None and time.time() < deadline, f"the run ended before {when}"
             time.sleep(0.005)
         os.kill(run.pid, signal.SIGKILL)  # the run, not reaped: a zombie until wait()
-        kill_all_but(run.pid, run.pid)
+        kill_session(run.pid, keep=run.pid)
         while state(run.pid) != "Z":
             time.sleep(0.005)
         assert lock_pid(out) == run.pid

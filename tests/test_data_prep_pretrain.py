@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports
+from conftest import free_ports, kill_session
 
 pytest.importorskip("ray")
 pytest.importorskip("tokenizers")
@@ -894,18 +894,6 @@ def _wait_for(proc: subprocess.Popen, cond, what: str, timeout: float = 120) -> 
             pytest.fail(f"the run ended (rc {proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-2000:]}")
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of the session (the run and the embedded Ray it started), as a node failure
-    or `scancel --signal=KILL` does: Ray's workers sit in process groups of their own."""
-    while pids := [int(line.split()[0]) for line in session_processes(sid)]:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 def _kill_when(config: Path, where: Path, cond, what: str) -> None:

@@ -454,7 +454,7 @@ def test_rerun_is_a_no_op_and_force_redoes(runs, tmp_path):
 
 @pytest.mark.heavy
 def test_kill_9_mid_run_then_resume_gives_the_same_bytes(tmp_path):
-    from test_data_prep_pretrain import kill_session  # the run and the embedded Ray it started, as a node failure
+    from conftest import kill_session  # the run and the embedded Ray it started, as a node failure
 
     # three ~25 MB blends prepared one at a time: long enough to be killed inside the second
     src = tmp_path / "src"
