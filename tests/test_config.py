@@ -128,9 +128,58 @@ def test_flatten_unflatten_round_trip():
 
 
 def test_resolve_interpolations_and_a_dangling_one():
-    assert resolve({"a": {"b": 2}, "c": "${a.b}", "d": "x/${a.b}"}) == {"a": {"b": 2}, "c": 2, "d": "x/2"}
+    assert resolve({"a": {"b": 2}, "c": "${a.b}", "d": "x/${a.b}"}, {}) == {"a": {"b": 2}, "c": 2, "d": "x/2"}
     with pytest.raises(UserError, match=r"^c: cannot resolve the interpolation"):
-        resolve({"c": "${nope}"})
+        resolve({"c": "${nope}"}, {})
+
+
+@pytest.mark.parametrize("tree", [
+    {"x": {"a": 1, "b": "${.a}", "c": {"d": "${..a}"}}},  # relative
+    {"x": [1, [2, 3]], "y": "${x.1}", "z": "${x[1][0]}"},  # list indices
+    {"k": "a", "x": {"a": [1]}, "y": "${x.${k}}", "z": "${x[${k}]}"},  # a key held by another
+    {"a": {"b": {"c": 1}}, "r": "${a}", "s": "${r.b.c}", "t": "${r.b}"},  # through a reference
+    {"x": {"a": 1, "b": 2}, "s": "${oc.select:x.a,0}", "t": "${oc.select:nope,'d'}", "u": "${oc.dict.values:x}",
+     "v": "${oc.dict.keys:x}", "w": "${oc.env:HOME}", "q": "${oc.env:ULTRA3_NOT_SET,'${x.a}'}"},
+    {"e": "\\${x}", "x": {"y": "${..z}"}, "z": "z"},  # escaped: text
+], ids=["relative", "list-index", "dynamic-key", "through", "resolvers", "escaped"])
+def test_resolve_gives_what_omegaconf_gives(tree):
+    from omegaconf import OmegaConf
+
+    assert resolve(tree, {}) == OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
+
+
+def doubling(levels: int, template: str) -> dict:
+    return {"x": {"k0": "0123456789", **{f"k{i}": template.format(f"x.k{i - 1}") for i in range(1, levels)}}}
+
+
+def deep(levels: int, leaf: str) -> dict:
+    return {"a": deep(levels - 1, leaf)} if levels else {"a": leaf}
+
+
+@pytest.mark.parametrize("tree,error", [
+    (doubling(30, "${{oc.select:{0},${{{0}}}}}"), r"x\.k\d+: interpolations \(\$\{oc\.select:x\.k\d+,.*\) repeat "
+                                                   r"more than 10,000 values \(set in a\.yaml\); write the values out"),
+    (doubling(30, "${{{0}}}-${{{0}}}"), r"x\.k\d+: interpolations \(\$\{x\.k\d+\}-\$\{x\.k\d+\}\) repeat more than "
+                                        r"1,000,000 characters \(set in a\.yaml\)"),
+    (doubling(3, "${{oc.env:ULTRA3_BIG}}${{oc.env:ULTRA3_BIG}}"), r"x\.k1: .* repeat more than 1,000,000 characters"),
+    ({"x": {"a": "${oc.create:'{b: 1}'}"}}, r"x\.a: oc\.create reads text as a value while it resolves, which can "
+                                            r"repeat values without bound \(set in a\.yaml\); write the value out$"),
+    ({"x": {"k": "${j}", "a": "${oc.select:${x.k}}"}, "j": "x"}, r"x\.a: the key in \$\{oc\.select:\$\{x\.k\}\} is "
+                                                                r"known only once resolved \(set in a\.yaml\); name the key"),
+    ({"x": {"a": "${${x.n}:HOME}", "n": "oc.env"}}, r"x\.a: the resolver's name in .* is interpolated"),
+    ({"x": {f"k{i}": f"${{x.k{i + 1}}}" for i in range(40)}}, r"x\.k\d+: interpolations nested more than 32 deep, "
+                                                              r"each inside or naming the next \(set in a\.yaml\); "
+                                                              r"name the value itself$"),
+    ({"x": {f"k{i}": deep(30, f"${{x.k{i + 1}}}") for i in range(30)}},
+     r"x\.k\d+(\.a)+: nested more than 32 levels deep once its interpolations are resolved \(set in a\.yaml\); a "
+     r"config is a few levels of tables$"),
+    ({"x": {"a": "${x.b}", "b": "${x.a}"}}, r"x\.a: cannot resolve the interpolation: Recursive"),  # OmegaConf's
+], ids=["oc-select-doubling", "string-doubling", "oc-env-length", "oc-create", "key-from-a-reference", "resolver-name",
+        "chain-40", "tables-through-references", "loop"])
+def test_resolve_refuses_what_would_not_end(tree, error, monkeypatch):
+    monkeypatch.setenv("ULTRA3_BIG", "b" * 600_000)
+    with pytest.raises(UserError, match="^" + error):
+        resolve(tree, {"x": "a.yaml"})
 
 
 # -- overrides ------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Hostile input through the installed CLI: inputs built to hang or crash the launcher (a YAML alias bomb of a
-few hundred bytes, a 5,000-digit integer, TOML nested 100,000 deep) and values that would quietly pass (a NaN or
-negative NeMo RL learning rate, a port past 65535, a pipe's unknown keys, a mistyped artifact reference) each end
-in one error line naming the key or file, exit code 2, no traceback and nothing written. A generous timeout on
-each command turns a regression into a failure instead of a hang."""
+few hundred bytes, the same made of `${...}` interpolations, a 5,000-digit integer, TOML nested 100,000 deep) and
+values that would quietly pass (a NaN or negative NeMo RL learning rate, a port past 65535, a pipe's unknown keys,
+a mistyped artifact reference) each end in one error line naming the key or file, exit code 2, no traceback and
+nothing written. A generous timeout on each command turns a regression into a failure instead of a hang."""
 
 from __future__ import annotations
 
@@ -28,6 +28,33 @@ CONFIG_BOMB = "\n".join(["defaults: [tiny]", *laughs(7)]) + "\n"
 OVERRIDE_BOMB = "x={" + ", ".join(laughs(6)) + "}"
 
 
+def references(levels: int, table: bool = False) -> list[str]:
+    """Laughs made of interpolations: each key of x names the one before nine times, in a list or a table
+    (9**levels values once resolved, the same from OmegaConf's resolution as from YAML's aliases)."""
+    lines = ["a: [l,l,l,l,l,l,l,l,l]"]
+    for before, name in zip("abcdefghi", "bcdefghij"[:levels - 1]):
+        refs = [f"'${{x.{before}}}'"] * 9
+        lines.append(f"{name}: " + ("{" + ", ".join(f"{k}: {r}" for k, r in zip("pqrstuvwz", refs)) + "}" if table
+                                    else f"[{','.join(refs)}]"))
+    return lines
+
+
+def doubled(levels: int) -> list[str]:
+    """Strings that each join the one before four times (10 * 4**levels characters once resolved)."""
+    return ["a: '0123456789'", *(f"{n}: '{f'${{s.{b}}}' * 4}'" for b, n in zip("abcdefghijklm",
+                                                                              "bcdefghijklmn"[:levels]))]
+
+
+def decoded(levels: int) -> list[str]:
+    """Overrides whose references are escaped text that oc.decode reads as a value: each key names the one before
+    nine times once decoded (9**levels values, none of them a reference until it resolves)."""
+    return ["x.a=[1,2,3]", *("x.%s=${oc.decode:'[%s]'}" % (n, ",".join([r"\${x.%s}" % b] * 9))
+                             for b, n in zip("abcdefghi", "bcdefghij"[:levels - 1]))]
+
+
+REFERENCE_BOMB = "defaults: [tiny]\nx:\n" + "".join(f"  {line}\n" for line in references(7, table=True))
+
+
 @dataclass
 class Case:
     id: str
@@ -49,6 +76,34 @@ CASES = [
     Case("alias-inside-itself", ["pretrain", "-c", "./loop.yaml", "-d"],
          r"\S*/loop\.yaml:2: alias \*a is inside the value it names; give the value itself$",
          files={"loop.yaml": "defaults: [tiny]\nx: &a {y: *a}\n"}),
+    # -- interpolation bombs: refused before OmegaConf copies a value, by counting what the references would copy ---
+    Case("interpolation-bomb-config", ["pretrain", "-c", "./bomb.yaml", "-d"],
+         r"x\.\w\.\w: interpolations \(\$\{x\.\w\}\) repeat more than 10,000 values \(set in \S*/bomb\.yaml\); write "
+         r"the values out or use fewer interpolations$", files={"bomb.yaml": REFERENCE_BOMB}),
+    Case("interpolation-bomb-override", ["pretrain", "-c", "tiny", "-d", "x={" + ", ".join(references(7)) + "}"],
+         r"x\.\w: interpolations \(\$\{x\.\w\}\) repeat more than 10,000 values \(set in command line\); write "
+         r"the values out or use fewer interpolations$"),
+    Case("interpolation-bomb-pipe", ["pipe", "-c", "./p.yaml", "-d"],
+         r"pretrain: x\.\w: interpolations \(\$\{x\.\w\}\) repeat more than 10,000 values \(set in p\.yaml "
+         r"\[pretrain\]\); ",
+         files={"p.yaml": "stages:\n  pretrain:\n    stage: pretrain\n    config: tiny\n    overrides:\n"
+                          + "".join(f"      x.{line}\n" for line in references(7))}),
+    Case("interpolation-bomb-strings", ["pretrain", "-c", "./bomb.yaml", "-d"],
+         r"s\.\w: interpolations \((\$\{s\.\w\}){4}\) repeat more than 1,000,000 characters \(set in "
+         r"\S*/bomb\.yaml\); ",
+         files={"bomb.yaml": "defaults: [tiny]\ns:\n" + "".join(f"  {line}\n" for line in doubled(13))}),
+    Case("interpolation-bomb-env-toml", ["pretrain", "-c", "tiny", "-d", "--env-file", "bomb.toml", "--run", "p"],
+         r"s\w: interpolations \((\$\{s\w\}){4}\) repeat more than 1,000,000 characters \(set in bomb\.toml \[p\]\); ",
+         files={"bomb.toml": '[p]\nexecutor = "local"\ns0 = "0123456789"\n'
+                             + "".join(f's{i} = "{f"${{s{i - 1}}}" * 4}"\n' for i in range(1, 14))}),
+    Case("interpolation-bomb-oc-decode", ["pretrain", "-c", "tiny", "-d", *decoded(7)],
+         r"x\.b: oc\.decode reads text as a value while it resolves, which can repeat values without bound \(set in "
+         r"command line\); write the value out$"),
+    Case("interpolation-chain-1000-deep", ["pretrain", "-c", "./chain.yaml", "-d"],
+         r"x\.k\d+: interpolations nested more than 32 deep, each inside or naming the next \(set in "
+         r"\S*/chain\.yaml\); name the value itself$",
+         files={"chain.yaml": "defaults: [tiny]\nx:\n" + "".join(f"  k{i}: ${{x.k{i + 1}}}\n" for i in range(1000))
+                              + "  k1000: 1\n"}),
     # -- numbers past what a config holds --------------------------------------------------------------------------
     Case("int-5000-digits-override", ["pretrain", "-c", "tiny", "-d", "train.train_iters=" + "1" * 5000],
          r"train\.train_iters: an integer of more than 100 digits \(set in command line\); a config's integers fit "
@@ -87,6 +142,11 @@ CASES = [
          rf"\[{LR}=1e-06 from command line\]$"),
     Case("sandbox-port", [*RL, "sandbox.port=99999"],
          r"sandbox\.port: must be an integer from 1 to 65535, got 99999 \(set in command line\)$"),
+    *[Case(f"ray-address-port-{port}", ["data", "prep", "pretrain", "-c", "tiny", "-d", "--env-file", "ray.toml",
+                                         "--batch", "r", f"run.address=http://head:{port}"],
+           rf"run\.address: must be a Ray dashboard address such as http://head:8265 \(a port from 1 to 65535\), got "
+           rf"'http://head:{port}' \(set in command line\)$",
+           files={"ray.toml": '[r]\nexecutor = "ray"\naddress = "http://head:8265"\n'}) for port in (0, 65536, 99999)],
     Case("env-nan", ["pretrain", "-c", "tiny", "-d", "run.env.RATE=.nan"],
          r"run\.env\.RATE: must be a finite number, got nan \(set in command line\)$"),
     # -- pipe configs: no key is silently dropped ------------------------------------------------------------------
@@ -108,6 +168,7 @@ CASES = [
 def test_cases_are_distinct():
     assert len({c.id for c in CASES}) == len(CASES)
     assert 180 <= len(OVERRIDE_BOMB) <= 300 and 180 <= len(CONFIG_BOMB) <= 300  # as small as the ones reported
+    assert len(REFERENCE_BOMB) <= 800
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

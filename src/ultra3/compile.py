@@ -81,7 +81,7 @@ class Job:
         flat = {**self.flat, **{f"job.{k}": v for k, v in job.items()}}
         if "dir" in job:
             flat["job.outputs"] = self.placed(flat["job.outputs"], job["dir"])
-        return resolve(unflatten(flat))
+        return resolve(unflatten(flat), self.origin)
 
     @staticmethod
     def placed(value: str, job_dir: str) -> str:
@@ -128,6 +128,9 @@ def compile_job(stage: Stage, options: Options) -> Job:
                  "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
                  "job.profile": profile.name if profile else None, "job.checks": list(stage.checks)})
     tree = unflatten(flat)
+    from .interpolations import bound
+
+    bound(tree, origin)  # an interpolation bomb stops here, alone, as a YAML one does while it is read
 
     # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
     # override of such a key is an error
@@ -160,7 +163,7 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
              tree: dict[str, Any], origin: dict[str, str], base_sources: set[str], report: Report,
              flat: dict[str, Any]) -> Job:
     """The resolved config through precision settling, the executor's rules, the inputs and the stage's rules."""
-    config = resolve(tree)
+    config = resolve(tree, origin)
     config.setdefault("cluster", {})
     report.config, report.origin = config, origin  # findings quote values with their sources
     leaks.check_resolved(config, report)

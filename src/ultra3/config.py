@@ -267,11 +267,15 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def resolve(tree: dict[str, Any]) -> dict[str, Any]:
-    """Resolve `${a.b}` interpolations with OmegaConf; a dangling reference names its key."""
+def resolve(tree: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
+    """Resolve `${a.b}` interpolations with OmegaConf, once they are known to stay within the loader's bounds
+    (interpolations.bound); a dangling reference names its key. `origin`: the source of each flat key."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from .interpolations import bound
+
+    bound(tree, origin)
     try:
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as e:

@@ -229,8 +229,8 @@ def pins(kind: str, run: dict) -> dict:
 def kind_image(kind: str, run: dict, cache_dir: str | None, gpu: str | None) -> Image:
     """The image of `kind` under a profile: the shipped config, the profile's overrides of its pins, its cache."""
     path = find_config(CONFIG_DIR, kind)
-    flat, _ = merge(load_layers(path, CONFIG_DIR))
-    config = {**resolve(unflatten(flat)), **pins(kind, run)}
+    flat, origin = merge(load_layers(path, CONFIG_DIR))
+    config = {**resolve(unflatten(flat), origin), **pins(kind, run)}
     config["cache_dir"] = cache_dir or config.get("cache_dir") or default_cache_dir(run)
     return image_of(config, containerfile_path(config, path).read_text(encoding="utf-8"), gpu)
 

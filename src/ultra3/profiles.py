@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import MAX_DEPTH, MAX_DIGITS, TOO_DEEP, TOO_LONG
+from .config import MAX_DEPTH, MAX_DIGITS, TOO_DEEP, TOO_LONG, flatten
 from .errors import UserError
 from .findings import Finding, Report
 from .nvidia_profile import translate
@@ -183,6 +183,9 @@ def _env_placeholders(values: dict[str, Any], path: Path, name: str) -> dict[str
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from .interpolations import bound
+
+    bound(values, dict.fromkeys(flatten(values), f"{path} [{name}]"))
     try:
         return OmegaConf.to_container(OmegaConf.create(values), resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as e:

@@ -57,7 +57,9 @@ SLURM_MEM = Text(r"\d+[KMGT]?", "a Slurm memory size: a number with K, M, G or T
 HOST = Text(r"([A-Za-z0-9_:][A-Za-z0-9._:-]*)?", "a host name, an address or a ~/.ssh/config alias of letters, "
                                                 "digits and '._:-', not starting with '-' or '.'")
 USER = Text(r"([A-Za-z0-9_][A-Za-z0-9._-]*)?", "a user name of letters, digits and '._-', not starting with '-' or '.'")
-RAY_ADDRESS = Text(r"(https?://)?[A-Za-z0-9._-]+(:\d{1,5})?/?", "a Ray dashboard address such as http://head:8265")
+PORT_NUMBER = r"(6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})"  # 1-65535
+RAY_ADDRESS = Text(rf"(https?://)?[A-Za-z0-9._-]+(:{PORT_NUMBER})?/?",
+                   "a Ray dashboard address such as http://head:8265 (a port from 1 to 65535)")
 INT64 = 2**63 - 1
 
 
