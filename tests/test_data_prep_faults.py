@@ -87,6 +87,7 @@ def state(pid: int) -> str:
 
 # ---- the lock of a run that is gone ----------------------------------------------------------------------
 
+@pytest.mark.heavy  # real data-prep runs, killed (7 s)
 @pytest.mark.parametrize("when", ["lock taken", "first shard published"])
 def test_a_killed_run_not_yet_reaped_does_not_hold_the_lock(reference, tmp_path, when):
     out = tmp_path / "out"
@@ -181,6 +182,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(where)], check=True)
 
 
+@pytest.mark.heavy  # real data-prep runs on a filled tmpfs (8 s)
 def test_a_full_disk_ends_in_one_line_and_the_run_resumes_with_space(reference, tmp_path, small_disk):
     disk, resize = small_disk
     out = disk / "out"

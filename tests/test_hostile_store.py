@@ -193,16 +193,15 @@ def good_and_bad(home, tmp_path):
 
 
 @pytest.mark.parametrize("case", DAMAGED_RECORDS, ids=list(DAMAGED_RECORDS))
-def test_a_damaged_job_record_is_named_and_the_others_still_listed(good_and_bad, case):
+def test_a_damaged_job_record_is_named_and_the_others_still_listed(good_and_bad, case, cli_here):
     good, bad = good_and_bad
     change, why = DAMAGED_RECORDS[case]
     record = dataclasses.asdict(records.find(good)) | {"id": bad} | change
     path = records.registry_dir() / f"{bad}.json"
     path.write_text(json.dumps(record))
 
-    listed = nemotron("list")
-    status = nemotron("status", good)
-    newest = nemotron("status")
+    listed, status, newest = (cli_here("jobs", *args, prog="nemotron") for args in (["list"], ["status", good],
+                                                                                    ["status"]))
 
     warning = f"warning: {path}: skipped, a damaged job record: {why}; fix or remove it"
     for r in (listed, status, newest):
@@ -293,12 +292,12 @@ DAMAGED_MANIFESTS = {
 
 
 @pytest.mark.parametrize("case", DAMAGED_MANIFESTS, ids=list(DAMAGED_MANIFESTS))
-def test_a_damaged_manifest_is_named_and_the_next_newest_taken(two_checkpoints, case):
+def test_a_damaged_manifest_is_named_and_the_next_newest_taken(two_checkpoints, case, cli_here):
     change, why = DAMAGED_MANIFESTS[case]
     path, manifest = good_manifest(2)
     path.write_text(json.dumps(manifest | change) + "\n")
 
-    r = sft_dry_run()
+    r = cli_here("sft", "-c", "tiny", "--dry-run")
 
     assert r.rc == 0, r.err
     assert r.err_lines == [f"warning: {path}: skipped, a damaged artifact store file: {why}; fix or remove it"], r.err

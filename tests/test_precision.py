@@ -244,6 +244,7 @@ def test_every_name_the_recipe_uses_is_in_the_released_apis():
     assert segments <= set(core["module_path_segments"]), segments - set(core["module_path_segments"])
 
 
+@pytest.mark.heavy  # imports Megatron-Core and torch (10 s)
 def test_megatron_core_matches_the_recipe_as_the_dry_run_says(home):
     """The installed Megatron-Core's own matcher and TE config parser (quant_config.py is identical in 0.16.1 and
     0.19.2) give every module path the precision the dry-run table shows."""

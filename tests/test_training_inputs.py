@@ -7,6 +7,7 @@ import json
 import re
 from datetime import datetime, timezone
 
+import pytest
 import yaml
 
 from recipes.contract import artifact_name, record_outputs
@@ -107,6 +108,7 @@ def test_dry_run_checks_model_keys_against_a_local_hf_config(cli, home, tmp_path
     assert any(line.startswith("error: model.moe_router_topk: 8 disagrees") for line in bad.err_lines)
 
 
+@pytest.mark.heavy  # imports transformers (5 s)
 def test_layer_pattern_of_a_config_written_by_transformers():
     """transformers 5.x writes the pattern as layers_block_type (linear_attention = Mamba, full_attention)."""
     from transformers import NemotronHConfig
