@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ultra3 import cost, cost_data_prep
-from ultra3.compile import Options, compile_job
+from ultra3.compile import compile_job
+from ultra3.job import Options
 from ultra3.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -118,7 +118,8 @@ def test_on_this_machine_the_steps_run_in_turn_and_stop_at_the_first_failure(cli
 def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli, home, tmp_path):
     """data-sft already done (its digest in the store): sft still waits for pretrain, whose checkpoint it reads."""
     from recipes.contract import artifact_name, publish
-    from ultra3.compile import Options, artifact_store, compile_job
+    from ultra3.compile import artifact_store, compile_job
+    from ultra3.job import Options
     from ultra3.stages import find_stage
 
     done = compile_job(find_stage("data prep sft"), Options(config="tiny"))

@@ -14,7 +14,9 @@ import pytest
 
 from ultra3 import megatron_api
 from conftest import inputs
-from ultra3.compile import JOB_DIR_PLACEHOLDER, Options, compile_job
+from ultra3.compile import compile_job
+from ultra3.job import Options
+from ultra3.paths import JOB_DIR_PLACEHOLDER
 from ultra3.errors import InvalidConfig
 from ultra3.findings import Report
 from ultra3.launch.plan import slurm_spec

@@ -17,7 +17,8 @@ import yaml
 
 from conftest import inputs
 from ultra3 import megatron_api, schema
-from ultra3.compile import Options, compile_job
+from ultra3.compile import compile_job
+from ultra3.job import Options
 from ultra3.paths import RECIPES_DIR, config_names
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from .errors import UserError
+from .limits import MAX_DEPTH, MAX_DIGITS, MAX_REPEATS, TOO_DEEP, TOO_LONG
 from .paths import CONFIGS_DIR, config_names
 
 CLI_SOURCE = "command line"
@@ -97,11 +98,6 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
-MAX_DEPTH = 32  # levels of tables and lists, keys included: a config has a few
-MAX_REPEATS = 10_000  # values YAML aliases may repeat in one document: 200 bytes of them can repeat billions
-MAX_DIGITS = 100  # an integer longer than this is no config's (the schema holds them to 64 bits)
-TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep; a config is a few levels of tables"
-TOO_LONG = f"an integer of more than {MAX_DIGITS} digits; a config's integers fit in 64 bits (19 digits)"
 
 
 class _Refused(yaml.MarkedYAMLError):

@@ -10,7 +10,8 @@ import yaml
 from . import cost
 from .artifacts import optional, source_line
 
-from .compile import Job, changed_keys
+from .compile import changed_keys
+from .job import Job
 from .executors import executor
 from .leaks import masked
 

@@ -15,7 +15,7 @@ from omegaconf.grammar.gen.OmegaConfGrammarLexer import OmegaConfGrammarLexer as
 from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as Parser
 from omegaconf.grammar_parser import parse
 
-from .config import MAX_DEPTH, MAX_REPEATS, TOO_DEEP
+from .limits import MAX_DEPTH, MAX_REPEATS, TOO_DEEP
 from .errors import UserError
 
 MAX_CHARS = 1_000_000  # characters interpolations may repeat in one config: `"${a}${a}"` doubles a string

@@ -15,7 +15,8 @@ from typing import Any
 
 from . import executors, nemo_rl_api
 from .artifacts import get, interpolate, put
-from .compile import JOB_DIR_PLACEHOLDER, OUTPUTS_PLACEHOLDER, Job
+from .job import OUTPUTS_PLACEHOLDER, Job
+from .paths import JOB_DIR_PLACEHOLDER
 from .config import flatten
 from .schema import TEACHER_ROLES
 from .validation._common import slurm_seconds

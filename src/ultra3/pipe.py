@@ -19,7 +19,8 @@ from typing import Any
 
 from . import artifacts
 from .artifacts import Source
-from .compile import Job, Options, compile_job
+from .compile import compile_job
+from .job import Job, Options
 from .config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
 from .contract import read_json
 from .errors import InvalidConfig, JobFailed, UserError

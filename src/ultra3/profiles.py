@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import MAX_DEPTH, MAX_DIGITS, TOO_DEEP, TOO_LONG, flatten
+from .config import flatten
+from .limits import MAX_DEPTH, MAX_DIGITS, TOO_DEEP, TOO_LONG
 from .errors import UserError
 from .findings import Finding, Report
 from .nvidia_profile import translate

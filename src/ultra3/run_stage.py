@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .compile import Options, compile_job
+from .compile import compile_job
+from .job import Options
 from .errors import UserError
 from .stages import Stage
 

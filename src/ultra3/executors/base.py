@@ -12,7 +12,7 @@ from ..paths import nemorun_home
 from ..records import JobRecord, State
 
 if TYPE_CHECKING:
-    from ..compile import Job
+    from ..job import Job
     from ..findings import Report
     from ..profiles import Profile
     from ..stages import Stage

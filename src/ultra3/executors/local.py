@@ -19,7 +19,7 @@ from ..records import JobRecord, State
 from .base import Executor, home_artifacts, home_job_dir, local_files, read_from
 
 if TYPE_CHECKING:
-    from ..compile import Job
+    from ..job import Job
     from ..findings import Report
     from ..profiles import Profile
     from ..stages import Stage

@@ -21,7 +21,7 @@ from ..paths import nemorun_home
 from .sbatch import chain_parameters
 
 if TYPE_CHECKING:
-    from ..compile import Job
+    from ..job import Job
 
 
 def nemorun_base(job: Job) -> str:

@@ -20,7 +20,7 @@ from ..records import JobRecord, State
 from .base import Executor, decode, home_artifacts, home_job_dir, profile_at
 
 if TYPE_CHECKING:
-    from ..compile import Job
+    from ..job import Job
     from ..findings import Report
     from ..profiles import Profile
     from ..stages import Stage

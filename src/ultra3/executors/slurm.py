@@ -19,7 +19,7 @@ from .nemo_run_slurm import experiment, experiment_dir, first_error, nemorun_bas
 from .sbatch import render_sbatch
 
 if TYPE_CHECKING:
-    from ..compile import Job
+    from ..job import Job
     from ..findings import Report
     from ..profiles import Profile
     from ..stages import Stage

@@ -6,7 +6,7 @@ import sys
 import time
 
 from .. import jobs, records
-from ..compile import Job
+from ..job import Job
 from ..contract import INPUT_ERROR, INPUT_ERROR_EXIT
 from ..errors import JobFailed, JobInputError
 from ..executors import executor

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from .. import __version__
-from ..compile import Job
+from ..job import Job
 from ..paths import RECIPES_DIR
 from .plan import CONFIG_FILE
 

@@ -11,7 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compile import JOB_DIR_PLACEHOLDER, Job
+from ..job import Job
+from ..paths import JOB_DIR_PLACEHOLDER
 from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
 from ..schema import IMAGE, MOUNT
 
