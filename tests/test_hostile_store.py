@@ -370,7 +370,7 @@ def test_lineage_never_reads_a_config_yaml_that_is_no_file(two_checkpoints, kind
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "oversized", "not JSON", "a list", "steps of strings"])
 def test_a_damaged_pipe_record_is_named_and_the_older_one_taken(good_and_bad, kind):
     good, _ = good_and_bad
-    from ultra3.pipe import pipes_dir
+    from ultra3.pipe_records import pipes_dir
 
     pipes_dir().mkdir(parents=True)
     record = {"id": "pipe-tiny_20260101-000000-aaaaaa", "config": "tiny.yaml", "submitted": 0.0,

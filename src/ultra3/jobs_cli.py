@@ -7,6 +7,7 @@ import time
 
 from . import jobs, records
 from .errors import LauncherError, UserError
+from .pipe_records import find_pipe
 
 
 def _age(ts: float) -> str:
@@ -95,11 +96,7 @@ def cancel_job(ref: str) -> None:
 
 
 def _pipe(ref: str) -> dict | None:
-    if not ref.startswith("pipe-"):
-        return None
-    from .pipe import find_pipe
-
-    return find_pipe(ref)
+    return find_pipe(ref) if ref.startswith("pipe-") else None
 
 
 def _pipe_status(pipe: dict) -> None:

@@ -9,7 +9,6 @@ pipe stops at the first failure.
 
 from __future__ import annotations
 
-import json
 import secrets
 import sys
 import time
@@ -17,16 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import artifacts
+from . import artifacts, pipe_records
 from .artifacts import Source
 from .compile import compile_job
 from .job import Job, Options
 from .config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
-from .contract import read_json
 from .errors import InvalidConfig, JobFailed, UserError
-from .findings import Finding, skipped
+from .findings import Finding
 from .launch.jobdir import new_job_id
-from .paths import state_home
 from .profiles import load_profile
 from .schema import suggest
 from .stages import Stage, find_stage
@@ -356,47 +353,7 @@ def _next(pipe_id: str, records: dict[str, Any]) -> None:
     print(f"  nemotron jobs cancel {pipe_id}")
 
 
-# -- the pipe record: what `nemotron jobs status|cancel PIPE_ID` read ------------------------------
-
-def pipes_dir() -> Path:
-    return state_home() / "pipes"
-
-
 def _save_pipe(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any]) -> None:
-    if not records:
-        return  # nothing was submitted
-    pipes_dir().mkdir(parents=True, exist_ok=True)
-    body = {"id": pipe_id, "config": str(path), "submitted": time.time(),
-            "steps": [{"id": s.entry.id, "stage": s.entry.stage.name, "job": records[s.entry.id].id}
-                      for s in todo if s.entry.id in records]}
-    target = pipes_dir() / f"{pipe_id}.json"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=2))
-    tmp.replace(target)
-
-
-def find_pipe(ref: str) -> dict | None:
-    """The newest pipe record whose id `ref` is or begins; a damaged one is named and passed over."""
-    for path in sorted(pipes_dir().glob("*.json"), reverse=True):
-        if path.stem == ref or path.stem.startswith(ref):
-            try:
-                pipe = read_json(str(path))
-            except (OSError, ValueError) as e:
-                skipped(str(path), "pipe record", str(e))
-                continue
-            if why := _damage(pipe):
-                skipped(str(path), "pipe record", why)
-                continue
-            return pipe
-    return None
-
-
-def _damage(pipe: object) -> str | None:
-    """What keeps a pipe record's JSON from being one `nemotron jobs` can read; None when nothing does."""
-    if not isinstance(pipe, dict) or not all(isinstance(pipe.get(k), str) for k in ("id", "config")):
-        return "not an object with the pipe's id and config"
-    steps = pipe.get("steps")
-    if not isinstance(steps, list) or not all(
-            isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("id", "stage", "job")) for s in steps):
-        return "steps is not a list of {id, stage, job}"
-    return None
+    if records:  # else nothing was submitted
+        pipe_records.save(pipe_id, path, [{"id": s.entry.id, "stage": s.entry.stage.name,
+                                           "job": records[s.entry.id].id} for s in todo if s.entry.id in records])

@@ -1,0 +1,53 @@
+"""The pipe record, `$NEMOTRON_HOME/pipes/<pipe id>.json`: the steps of one `ultra3 pipe` submission and their
+jobs, what `nemotron jobs status|cancel PIPE_ID` read."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .contract import read_json
+from .findings import skipped
+from .paths import state_home
+
+
+def pipes_dir() -> Path:
+    return state_home() / "pipes"
+
+
+def save(pipe_id: str, config: Path, steps: list[dict[str, str]]) -> None:
+    """`steps`: {id, stage, job} of each step submitted."""
+    pipes_dir().mkdir(parents=True, exist_ok=True)
+    body = {"id": pipe_id, "config": str(config), "submitted": time.time(), "steps": steps}
+    target = pipes_dir() / f"{pipe_id}.json"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=2))
+    tmp.replace(target)
+
+
+def find_pipe(ref: str) -> dict | None:
+    """The newest pipe record whose id `ref` is or begins; a damaged one is named and passed over."""
+    for path in sorted(pipes_dir().glob("*.json"), reverse=True):
+        if path.stem == ref or path.stem.startswith(ref):
+            try:
+                pipe = read_json(str(path))
+            except (OSError, ValueError) as e:
+                skipped(str(path), "pipe record", str(e))
+                continue
+            if why := _damage(pipe):
+                skipped(str(path), "pipe record", why)
+                continue
+            return pipe
+    return None
+
+
+def _damage(pipe: object) -> str | None:
+    """What keeps a pipe record's JSON from being one `nemotron jobs` can read; None when nothing does."""
+    if not isinstance(pipe, dict) or not all(isinstance(pipe.get(k), str) for k in ("id", "config")):
+        return "not an object with the pipe's id and config"
+    steps = pipe.get("steps")
+    if not isinstance(steps, list) or not all(
+            isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("id", "stage", "job")) for s in steps):
+        return "steps is not a list of {id, stage, job}"
+    return None
