@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import our_jobs
 
-from ultra3.schema import JOB_NAME_PREFIX_MAX
+from ultra3.forms import JOB_NAME_PREFIX_MAX
 from ultra3.stages import STAGES
 
 CORPUS = "recipes/samples/tiny/corpus.jsonl.gz"

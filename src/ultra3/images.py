@@ -17,9 +17,9 @@ from typing import Any
 from .config import CLI_SOURCE, find_config, flatten, load_layers, merge, resolve, unflatten
 from .contract import SMALL_FILE_MAX, read_small, small_text
 from .executors.commands import run, ssh_of
+from .forms import IMAGE
 from .gpus import GPU_TYPES
 from .paths import CONFIGS_DIR, nemorun_home
-from .schema import IMAGE
 
 KINDS = ("training", "rl", "data")
 CONFIG_DIR = "container"  # under configs/

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 from .config import flatten
 from .findings import Report
+from .forms import ENV_NAME
 from .profiles import SECRET_FIX, SECRET_NAME
-from .schema import ENV_NAME
 from .setup_secrets import literal_secrets
 
 _ENV_REF = re.compile(r"\$\{\s*oc\.env\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")

@@ -8,10 +8,10 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ClusterError, UserError
+from ..forms import SAFE_PATH
 from ..launch.plan import slurm_spec
 from ..paths import nemorun_home
 from ..records import JobRecord, State
-from ..schema import SAFE_PATH
 from . import slurm_state
 from .base import Executor, local_files, profile_at, read_from
 from .commands import TIMEOUT_VAR, run, scheduler_timeout

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
+from ..forms import IMAGE, MOUNT
 from ..job import Job
 from ..paths import JOB_DIR_PLACEHOLDER
-from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
-from ..schema import IMAGE, MOUNT
 
 
 def task_name(job: Job) -> str:
@@ -51,7 +51,7 @@ class SlurmSpec:
 
     def __post_init__(self) -> None:
         """NeMo-Run writes the image and the mounts into the srun line unquoted, as our rendering does: the
-        config's checks (schema.IMAGE, schema.MOUNT) admit only single words that need no quoting."""
+        config's checks (forms.IMAGE, forms.MOUNT) admit only single words that need no quoting."""
         bad = [v for v in [self.container_image or ""] if not IMAGE(v)] + \
               [v for v in self.container_mounts if not MOUNT(v)]
         if bad:
