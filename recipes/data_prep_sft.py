@@ -59,7 +59,9 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 from .dataprep import bad_records, chat, conversations, inputs, lock
 from .dataprep import packed_parquet as pp
@@ -67,7 +69,6 @@ from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
-from .dataprep.files import missing_dirs
 from .dataprep.sft_outdir import FORMAT, STAGING, prepare_output, publish
 from .dataprep.sft_report import split_stats, summary
 from .dataprep.sft_settings import PROG, Settings, parse_settings
@@ -133,10 +134,47 @@ def fingerprint(settings: Settings, sources: dict, tok: tokenization.TokenizerIn
 
 # ---- the run -------------------------------------------------------------------------------------------
 
+@dataclass
+class Template:
+    """The chat template: compiled, its file, its text and the text's SHA-256."""
+
+    compiled: chat.ChatTemplate
+    file: str
+    text: str
+    sha256: str
+
+
+@dataclass
+class Packed:
+    """What packing leaves: the splits' shards in staging, and the numbers metadata.json is made of."""
+
+    staging: str
+    records: int
+    corpus: out_.Corpus
+    per_dataset: dict  # dataset name: {records, conversations, bad}
+    bad: bad_records.BadRecords
+    split: np.ndarray  # of each conversation: 0 train, 1 valid, 2 test
+    copies: np.ndarray  # times each conversation is packed (0: left out)
+    lim: out_.Limits
+    row_group: int
+    stats: dict = field(default_factory=dict)  # split name: its packing statistics
+    pack_seconds: float = 0.0
+
+
+def load_template(spec: str) -> Template:
+    """The chat template `spec` names: a shipped one, or a .jinja file (relative to the working directory)."""
+    try:
+        path = chat.template_path(spec, os.getcwd())
+        compiled = chat.ChatTemplate.load(path)
+    except chat.TemplateError as e:
+        raise DataPrepError(str(e)) from None
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return Template(compiled, path, text, hashlib.sha256(text.encode()).hexdigest())
+
+
 def gather(settings: Settings, parts: list, results: list):
     """The corpus (good conversations in input order), per-dataset counts and the bad records."""
-    import numpy as np
-
     index = {d.name: i for i, d in enumerate(settings.datasets)}
     cols: dict = {k: [] for k in ("dataset", "part", "offset", "length", "first_loss", "loss_tokens", "key")}
     bad_total = bad_records.BadRecords()
@@ -162,126 +200,136 @@ def gather(settings: Settings, parts: list, results: list):
     return corpus, per_dataset, bad_total
 
 
-def run(config_path: str) -> int:
-    import numpy as np
+def make_staging(out: str) -> str:
+    """A new staging directory in `out`, with its parts/ folder; interrupted runs' staging goes first."""
+    for name in os.listdir(out):
+        if name.startswith(STAGING):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    staging = os.path.join(out, f"{STAGING}{uuid.uuid4().hex[:12]}")
+    os.makedirs(os.path.join(staging, "parts"))
+    return staging
 
-    started = time.time()
-    settings = parse_settings(load_config(config_path))
-    tok, tok_json = tokenization.load(settings.tokenizer, None, settings.hf_cache_dir)
+
+def tokenize(settings: Settings, cluster: Cluster, workers: int, parts: list, staging: str, tok_json: str,
+             template: Template) -> list:
+    """Render, tokenize and mask each partition into its part files in staging/parts: their results, in order."""
+    tok_ref, tpl_ref = cluster.put(tok_json), cluster.put(template.text)
+    return cluster.run_ordered(
+        conversations.tokenize_partition,
+        [(p, os.path.join(staging, "parts"), tok_ref, tpl_ref, template.compiled.name, settings.strict)
+         for p in parts],
+        workers, settings.progress_interval, "tokenize",
+        lambda rs: f"{sum(len(r['lengths']) for r in rs if r):,} conversations, "
+                   f"{sum(int(r['lengths'].sum()) for r in rs if r):,} tokens")
+
+
+def shard_tasks(plan: out_.SplitPlan, corpus: out_.Corpus, folder: str, part_paths: dict, pad_id: int,
+                row_group: int) -> list:
+    """The write_shard arguments of each shard of a split's plan, into `folder` (made here; none if no pack)."""
+    if not plan.packs:
+        return []
+    os.makedirs(folder)
+    tasks = []
+    for k in range(plan.shards):
+        r0, r1 = plan.shard_rows[k], plan.shard_rows[k + 1]
+        s0, s1 = plan.row_offsets[r0], plan.row_offsets[r1]
+        seq = plan.seq[s0:s1]
+        tasks.append((os.path.join(folder, out_.SHARD_NAME.format(k)), corpus.part[seq], corpus.offset[seq],
+                      plan.stored[s0:s1], plan.padded[s0:s1], plan.row_offsets[r0:r1 + 1] - s0, part_paths, pad_id,
+                      row_group))
+    return tasks
+
+
+def write_splits(settings: Settings, cluster: Cluster, workers: int, packed: Packed, part_paths: dict,
+                 pad_id: int) -> tuple[dict, float]:
+    """Pack each split and write its shards into staging (valid and test shards as long as train's): each
+    split's statistics and the seconds spent packing."""
+    stats, rows_per_shard, seconds = {}, None, 0.0
+    for s, name in enumerate(out_.SPLITS):
+        idx = np.flatnonzero(packed.split == s)
+        members = np.repeat(idx, packed.copies[idx])
+        t0 = time.time()
+        plan = out_.plan_split(name, members, packed.lim.stored, settings.pack_size, settings.pad_seq_to_mult,
+                               settings.seed, settings.num_shards if s == 0 else None, rows_per_shard if s else None)
+        seconds += time.time() - t0
+        if s == 0 and plan.packs:
+            rows_per_shard = -(-plan.packs // plan.shards)
+        tasks = shard_tasks(plan, packed.corpus, os.path.join(packed.staging, name), part_paths, pad_id,
+                            packed.row_group)
+        rows = cluster.run_ordered(out_.write_shard, tasks, workers, settings.progress_interval, f"write {name}",
+                                   lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs") if tasks else []
+        stats[name] = split_stats(plan, packed.corpus, settings.pack_size, rows)
+    return stats, seconds
+
+
+def pack(settings: Settings, cluster: Cluster, sources: dict, tok: tokenization.TokenizerInfo, tok_json: str,
+         template: Template) -> Packed:
+    """Tokenize the inputs, split, weigh and limit the conversations, and pack and write the splits, all into
+    a staging directory of output_dir, which goes again if this fails."""
+    cluster.start(conversations.__name__)
+    workers = settings.workers or cluster.cpus
+    parts = plan_partitions(settings, sources, workers)
+    records = sum(p.records for p in parts)
+    print(f"{PROG}: {len(settings.datasets)} dataset(s), {records:,} records in {len(parts)} partition(s); "
+          f"{cluster.where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
+          f"(vocab {tok.vocab_size:,}, pad {tok.eod_token!r}={tok.eod_id}); template {template.compiled.name}; "
+          f"pack {settings.pack_size:,}, pad_seq_to_mult {settings.pad_seq_to_mult}; output {settings.out}",
+          flush=True)
+    staging = make_staging(settings.out)
     try:
-        template_file = chat.template_path(settings.chat_template, os.getcwd())
-        template = chat.ChatTemplate.load(template_file)
-    except chat.TemplateError as e:
-        raise DataPrepError(str(e)) from None
-    with open(template_file, encoding="utf-8") as f:
-        template_source = f.read()
-    template_sha = hashlib.sha256(template_source.encode()).hexdigest()
-    files = resolve_files(settings)
-    sources = scan_sources(settings, files)
-    fp = fingerprint(settings, sources, tok, template_sha)
-    out = settings.out
-    if not prepare_output(settings, fp):
-        print(f"{PROG}: {out} is up to date (same inputs and settings); force=true redoes it", flush=True)
-        return 0
-    markup = _markup_warning(tok_json)
-    if markup:
-        print(f"{PROG}: warning: {markup}", flush=True)
+        results = tokenize(settings, cluster, workers, parts, staging, tok_json, template)
+        corpus, per_dataset, bad = gather(settings, parts, results)
+        if not len(corpus):
+            raise DataPrepError(f"empty corpus: none of the {records:,} records is a usable conversation "
+                                f"({bad.total:,} bad: {', '.join(f'{k} {v}' for k, v in bad.counts.items())})")
+        split = out_.assign_splits(corpus, len(settings.datasets), settings.valid_ratio, settings.test_ratio)
+        copies = out_.repeats(corpus, split, [d.weight for d in settings.datasets])
+        lim = out_.limit(corpus, settings.pack_size, settings.pad_seq_to_mult, settings.truncate)
+        packed = Packed(staging, records, corpus, per_dataset, bad, split, np.where(lim.keep, copies, 0), lim,
+                        settings.row_group_size or pp.default_row_group_size(settings.pack_size))
+        packed.stats, packed.pack_seconds = write_splits(settings, cluster, workers, packed,
+                                                         {r["index"]: r["paths"] for r in results}, tok.eod_id)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return packed
 
-    with lock.holding(out, settings.job), Cluster(settings.backend) as cluster:
-        cluster.start(conversations.__name__)
-        workers = settings.workers or cluster.cpus
-        parts = plan_partitions(settings, sources, workers)
-        records = sum(p.records for p in parts)
-        print(f"{PROG}: {len(settings.datasets)} dataset(s), {records:,} records in {len(parts)} partition(s); "
-              f"{cluster.where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
-              f"(vocab {tok.vocab_size:,}, pad {tok.eod_token!r}={tok.eod_id}); template {template.name}; "
-              f"pack {settings.pack_size:,}, pad_seq_to_mult {settings.pad_seq_to_mult}; output {out}", flush=True)
-        created = missing_dirs(out)
-        os.makedirs(out, exist_ok=True)
-        for name in os.listdir(out):  # leftovers of interrupted runs
-            if name.startswith(STAGING):
-                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-        staging = os.path.join(out, f"{STAGING}{uuid.uuid4().hex[:12]}")
-        os.makedirs(os.path.join(staging, "parts"))
-        try:
-            tok_ref, tpl_ref = cluster.put(tok_json), cluster.put(template_source)
-            results = cluster.run_ordered(
-                conversations.tokenize_partition,
-                [(p, os.path.join(staging, "parts"), tok_ref, tpl_ref, template.name, settings.strict) for p in parts],
-                workers, settings.progress_interval, "tokenize",
-                lambda rs: f"{sum(len(r['lengths']) for r in rs if r):,} conversations, "
-                           f"{sum(int(r['lengths'].sum()) for r in rs if r):,} tokens")
-            corpus, per_dataset, bad = gather(settings, parts, results)
-            if not len(corpus):
-                raise DataPrepError(f"empty corpus: none of the {records:,} records is a usable conversation "
-                                    f"({bad.total:,} bad: {', '.join(f'{k} {v}' for k, v in bad.counts.items())})")
-            split = out_.assign_splits(corpus, len(settings.datasets), settings.valid_ratio, settings.test_ratio)
-            copies = out_.repeats(corpus, split, [d.weight for d in settings.datasets])
-            lim = out_.limit(corpus, settings.pack_size, settings.pad_seq_to_mult, settings.truncate)
-            copies = np.where(lim.keep, copies, 0)
-            part_paths = {r["index"]: r["paths"] for r in results}
-            row_group = settings.row_group_size or pp.default_row_group_size(settings.pack_size)
-            stats, rows_per_shard = {}, None
-            t_pack = 0.0
-            for s, name in enumerate(out_.SPLITS):
-                idx = np.flatnonzero(split == s)
-                members = np.repeat(idx, copies[idx])
-                t0 = time.time()
-                plan = out_.plan_split(name, members, lim.stored, settings.pack_size, settings.pad_seq_to_mult,
-                                       settings.seed, settings.num_shards if s == 0 else None,
-                                       rows_per_shard if s else None)
-                t_pack += time.time() - t0
-                if s == 0 and plan.packs:
-                    rows_per_shard = -(-plan.packs // plan.shards)
-                shard_args = []
-                if plan.packs:
-                    os.makedirs(os.path.join(staging, name))
-                for k in range(plan.shards if plan.packs else 0):
-                    r0, r1 = plan.shard_rows[k], plan.shard_rows[k + 1]
-                    s0, s1 = plan.row_offsets[r0], plan.row_offsets[r1]
-                    seq = plan.seq[s0:s1]
-                    shard_args.append((os.path.join(staging, name, out_.SHARD_NAME.format(k)), corpus.part[seq],
-                                       corpus.offset[seq], plan.stored[s0:s1], plan.padded[s0:s1],
-                                       plan.row_offsets[r0:r1 + 1] - s0, part_paths, tok.eod_id, row_group))
-                rows = cluster.run_ordered(out_.write_shard, shard_args, workers, settings.progress_interval,
-                                           f"write {name}", lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs"
-                                           ) if shard_args else []
-                stats[name] = split_stats(plan, corpus, settings.pack_size, rows)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            for path in created:  # leave no trace: remove the directories this run made (if still empty)
-                try:
-                    os.rmdir(path)
-                except OSError:
-                    break
-            raise
-        cluster.stop()
 
-    totals = {
-        "records": records,
-        "conversations": len(corpus),
-        "bad_records": bad.total,
+# ---- metadata ------------------------------------------------------------------------------------------
+
+def totals(settings: Settings, packed: Packed) -> dict:
+    """The counts over all datasets and splits, with the packing efficiency and factor."""
+    stats, lim = packed.stats.values(), packed.lim
+    result = {
+        "records": packed.records,
+        "conversations": len(packed.corpus),
+        "bad_records": packed.bad.total,
         "truncated": int(lim.truncated.sum()),
         "dropped_too_long": int(lim.dropped_too_long.sum()),
         "dropped_no_loss": int(lim.dropped_no_loss.sum()),
-        "sequences": sum(st["sequences"] for st in stats.values()),
-        "packs": sum(st["packs"] for st in stats.values()),
-        "tokens": sum(st.get("tokens", 0) for st in stats.values()),
-        "loss_tokens": sum(st.get("loss_tokens", 0) for st in stats.values()),
+        "sequences": sum(st["sequences"] for st in stats),
+        "packs": sum(st["packs"] for st in stats),
+        "tokens": sum(st.get("tokens", 0) for st in stats),
+        "loss_tokens": sum(st.get("loss_tokens", 0) for st in stats),
     }
-    capacity = totals["packs"] * settings.pack_size
-    totals["packing_efficiency"] = round(sum(float(st["packing_efficiency"]) * st["packs"] for st in stats.values()
-                                             if st["packs"]) / max(totals["packs"], 1), 6)
-    totals["token_efficiency"] = round((totals["tokens"] - totals["sequences"]) / capacity, 6) if capacity else 0.0
-    totals["packing_factor"] = round(totals["sequences"] / totals["packs"], 4) if totals["packs"] else 0.0
-    index = {d.name: i for i, d in enumerate(settings.datasets)}
-    datasets = []
-    for d in settings.datasets:
-        mine = corpus.dataset == index[d.name]
-        pd = per_dataset[d.name]
+    capacity = result["packs"] * settings.pack_size
+    result["packing_efficiency"] = round(sum(float(st["packing_efficiency"]) * st["packs"] for st in stats
+                                             if st["packs"]) / max(result["packs"], 1), 6)
+    result["token_efficiency"] = round((result["tokens"] - result["sequences"]) / capacity, 6) if capacity else 0.0
+    result["packing_factor"] = round(result["sequences"] / result["packs"], 4) if result["packs"] else 0.0
+    return result
+
+
+def dataset_entries(settings: Settings, files: dict, sources: dict, packed: Packed) -> list:
+    """Each dataset's inputs and counts; one with nothing usable or too many bad records fails the run."""
+    corpus, split, copies, lim = packed.corpus, packed.split, packed.copies, packed.lim
+    entries = []
+    for i, d in enumerate(settings.datasets):
+        mine = corpus.dataset == i
+        pd = packed.per_dataset[d.name]
         bad_records.check_yield(f"dataset {d.name}", pd["records"], pd["conversations"], pd["bad"],
                                 settings.max_bad_fraction)
-        datasets.append({
+        entries.append({
             "name": d.name, "path": d.path, "messages_field": d.field, "weight": d.weight,
             **({"split": d.split, "subset": d.subset, "hub": files[d.name][1]} if files[d.name][1] else {}),
             "inputs": [{"path": inputs.shown(s["path"]), "format": s["format"], **s["fingerprint"],
@@ -295,7 +343,15 @@ def run(config_path: str) -> int:
             "truncated": int(lim.truncated[mine].sum()), "dropped_too_long": int(lim.dropped_too_long[mine].sum()),
             "dropped_no_loss": int(lim.dropped_no_loss[mine].sum()),
         })
-    metadata = {
+    return entries
+
+
+def build_metadata(settings: Settings, fp: str, files: dict, sources: dict, tok: tokenization.TokenizerInfo,
+                   template: Template, packed: Packed) -> dict:
+    """metadata.json: the settings that shape the output, its counts and statistics, and where it came from."""
+    counts = totals(settings, packed)
+    datasets = dataset_entries(settings, files, sources, packed)
+    return {
         "format": FORMAT,
         "fingerprint": fp,
         "megatron_bridge": {"dataset": "GPTSFTPackedParquetDataset", "columns": list(pp.COLUMNS),
@@ -308,27 +364,55 @@ def run(config_path: str) -> int:
         "valid_ratio": settings.valid_ratio,
         "test_ratio": settings.test_ratio,
         "seed": settings.seed,
-        "row_group_size": row_group,
+        "row_group_size": packed.row_group,
         "algorithm": "best_fit_decreasing",
         "tokenizer": {**tok.describe(), "pad_token": tok.eod_token, "pad_id": tok.eod_id},
-        "chat_template": {"name": settings.chat_template, "file": os.path.basename(template_file),
-                          "sha256": template_sha},
-        "totals": totals,
-        "splits": stats,
-        "bad_records": bad.to_json(),
+        "chat_template": {"name": settings.chat_template, "file": os.path.basename(template.file),
+                          "sha256": template.sha256},
+        "totals": counts,
+        "splits": packed.stats,
+        "bad_records": packed.bad.to_json(),
         "datasets": datasets,
     }
-    mb_metadata = [{"dataset_max_seqlen": stats[s].get("max_sequence_tokens", 0),
-                    "max_samples_per_bin": stats[s].get("max_sequences_per_pack", 0),
-                    "min_packed_seqlen": stats[s].get("min_pack_tokens", 0),
-                    "packing_factor": stats[s].get("packing_factor", 0),
-                    "packing_efficiency": round(100 * stats[s].get("packing_efficiency", 0), 2),
-                    "pack_size": settings.pack_size} for s in ("train", "valid") if stats[s]["packs"]]
+
+
+def bridge_metadata(settings: Settings, stats: dict) -> list:
+    """packing_metadata.json: Megatron-Bridge's packed metadata of train and valid (those with packs)."""
+    return [{"dataset_max_seqlen": stats[s].get("max_sequence_tokens", 0),
+             "max_samples_per_bin": stats[s].get("max_sequences_per_pack", 0),
+             "min_packed_seqlen": stats[s].get("min_pack_tokens", 0),
+             "packing_factor": stats[s].get("packing_factor", 0),
+             "packing_efficiency": round(100 * stats[s].get("packing_efficiency", 0), 2),
+             "pack_size": settings.pack_size} for s in ("train", "valid") if stats[s]["packs"]]
+
+
+def run(config_path: str) -> int:
+    """Settings, tokenizer, template and inputs first (an up-to-date output ends here); then the packing,
+    under output_dir's lock; then metadata.json and the publishing of the splits."""
+    started = time.time()
+    settings = parse_settings(load_config(config_path))
+    tok, tok_json = tokenization.load(settings.tokenizer, None, settings.hf_cache_dir)
+    template = load_template(settings.chat_template)
+    files = resolve_files(settings)
+    sources = scan_sources(settings, files)
+    fp = fingerprint(settings, sources, tok, template.sha256)
+    out = settings.out
+    if not prepare_output(settings, fp):
+        print(f"{PROG}: {out} is up to date (same inputs and settings); force=true redoes it", flush=True)
+        return 0
+    markup = _markup_warning(tok_json)
+    if markup:
+        print(f"{PROG}: warning: {markup}", flush=True)
+    with lock.holding(out, settings.job), Cluster(settings.backend) as cluster:
+        packed = pack(settings, cluster, sources, tok, tok_json, template)
+        cluster.stop()
+    metadata = build_metadata(settings, fp, files, sources, tok, template, packed)
+    mb_metadata = bridge_metadata(settings, packed.stats)
     try:
-        publish(settings, staging, metadata, mb_metadata)
+        publish(settings, packed.staging, metadata, mb_metadata)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    print(summary(metadata, out, time.time() - started, t_pack), flush=True)
+        shutil.rmtree(packed.staging, ignore_errors=True)
+    print(summary(metadata, out, time.time() - started, packed.pack_seconds), flush=True)
     return 0
 
 
