@@ -406,10 +406,9 @@ def run(config_path: str) -> int:
     with lock.holding(out, settings.job), Cluster(settings.backend) as cluster:
         packed = pack(settings, cluster, sources, tok, tok_json, template)
         cluster.stop()
-    metadata = build_metadata(settings, fp, files, sources, tok, template, packed)
-    mb_metadata = bridge_metadata(settings, packed.stats)
-    try:
-        publish(settings, packed.staging, metadata, mb_metadata)
+    try:  # a dataset with too many bad records stops here: its packs go with the staging dir
+        metadata = build_metadata(settings, fp, files, sources, tok, template, packed)
+        publish(settings, packed.staging, metadata, bridge_metadata(settings, packed.stats))
     finally:
         shutil.rmtree(packed.staging, ignore_errors=True)
     print(summary(metadata, out, time.time() - started, packed.pack_seconds), flush=True)

@@ -443,6 +443,15 @@ def test_config_and_input_errors_are_one_line_exit_2(change, message, inputs_dir
     assert not ray_tmp.exists()  # found before Ray starts
 
 
+def test_too_many_bad_records_stop_the_run_and_leave_no_packs(inputs_dir, tmp_path):
+    out = tmp_path / "out"
+    p = run_script(base_config(inputs_dir, out, max_bad_fraction=0.01), tmp_path / "config.yaml")
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip()
+    assert "\n" not in err and err.startswith("ultra3 data prep sft: error: dataset messy: "), err
+    assert not [f for f in out.rglob("*") if f.is_file()], sorted(map(str, out.rglob("*")))
+
+
 # ---- in process: padding to a multiple, without Ray ----------------------------------------------------
 
 def test_pad_seq_to_mult_pads_with_eos_and_no_loss(tmp_path):
