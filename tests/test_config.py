@@ -9,6 +9,7 @@ from conftest import SAMPLE_ENV_TOML
 
 from ultra3.config import (CLI_SOURCE, Layer, find_config, flatten, load_layers, merge, parse_overrides, parse_value,
                            read_yaml, resolve, unflatten)
+from ultra3.dotted import get, put
 from ultra3.errors import InvalidConfig, UserError
 from ultra3.paths import CONFIGS_DIR
 from ultra3.profiles import (ENV_FILE_VAR, SECRET_NAME, find_env_file, load_profile, profile_names, read_env_file)
@@ -125,6 +126,19 @@ def test_flatten_unflatten_round_trip():
     assert flat == {"a.b": 1, "a.c.d": [1, 2], "e": {}, "f": None}
     assert unflatten(flat) == tree
     assert flatten({"x": 1}, "run.") == {"run.x": 1}
+
+
+def test_dotted_get_and_put():
+    tree = {"a": {"b": 0, "n": None, "l": [{"x": 1}], "s": "text"}, "off": False}
+    assert get(tree, "a.b") == 0 and get(tree, "off") is False and get(tree, "a") is tree["a"]
+    assert get(tree, "a.l") == [{"x": 1}] and get(tree, "a.l.0") is None  # no list indices
+    for missing in ("a.zz", "zz.b", "a.n", "a.n.x", "a.s.x", "a.b.x"):  # missing, None, or under a value
+        assert get(tree, missing) is None and get(tree, missing, 7) == 7
+    assert get(None, "a") is None and get(tree, "a.b", 7) == 0
+    put(tree, "a.b", 1)
+    put(tree, "a.s.x", 2)  # a value on the way becomes a table
+    put(tree, "new.deep.key", 3)
+    assert tree["a"]["b"] == 1 and tree["a"]["s"] == {"x": 2} and tree["new"] == {"deep": {"key": 3}}
 
 
 def test_resolve_interpolations_and_a_dangling_one():

@@ -19,6 +19,7 @@ from typing import Any
 
 from .contract import (SMALL_FILE_MAX, artifact_name, newest_first, parse_manifest, read_store, resolve_ref, sample_dir,
                        small_text)
+from .dotted import get, put
 from .errors import ClusterError
 from .findings import Report, skipped
 from .paths import JOB_DIR_PLACEHOLDER, config_names
@@ -277,24 +278,6 @@ def _without(tree: dict[str, Any], keys: set[str], prefix: str = "") -> dict[str
             continue
         out[k] = _without(v, keys, dotted + ".") if isinstance(v, dict) else v
     return out
-
-
-def get(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
-
-
-def put(config: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        if not isinstance(config.get(part), dict):
-            config[part] = {}
-        config = config[part]
-    config[last] = value
 
 
 def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | None], local: bool,

@@ -10,6 +10,7 @@ from . import artifacts, executors, images, leaks
 from . import schema as schemas
 from .contract import NAME
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
+from .dotted import get, put
 from .errors import InvalidConfig, UserError
 from .executors.commands import ssh_of
 from .findings import Report
@@ -104,7 +105,7 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     leaks.check_resolved(config, report)
     for key, value in settle_precision(config, origin, report).items():  # TE env vars, FP32 grad reduction
         flat[key] = value
-        artifacts.put(config, key, value)
+        put(config, key, value)
     images.choose(stage.image, config, flat, origin, profile, executors.executor(executor).asks_image,
                   options.dry_run, report)
     executors.executor(executor).check(stage, config["run"], profile, report)
@@ -184,7 +185,7 @@ def _address_outputs(job: Job, digest: str) -> None:
     old = job.flat["job.outputs"]
     new = f"{old}-{digest}"
     if job.stage.outputs_by:
-        name = artifacts.get(job.config, job.stage.outputs_by)
+        name = get(job.config, job.stage.outputs_by)
         if not isinstance(name, str) or not NAME.match(name):
             job.report.error(job.stage.outputs_by, f"names the run's checkpoint directory: letters, digits, '.', '_' "
                                                    f"and '-' only, got {name!r} (set in {job.origin.get(job.stage.outputs_by)})")

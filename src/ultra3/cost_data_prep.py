@@ -9,8 +9,9 @@ import os
 import struct
 
 from .cost import Estimate, _bytes, _from_measured, _stage, _unknown
+from .dotted import get
 from .paths import RECIPES_DIR
-from .validation._common import fmt_count, get, pos_int
+from .validation._common import fmt_count, pos_int
 
 # Data prep, tokens/s per core. Text: the pipeline's steady state with one worker and a 131k-token vocabulary,
 # 10.53-10.59 M tokens/s (docs/data_prep.md, benchmarks/data_prep_pretrain.py); with `encoder: tokenizers`,

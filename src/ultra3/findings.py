@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .dotted import get
+
 Level = Literal["error", "warning", "note"]
 
 
@@ -48,7 +50,7 @@ class Report:
             return ""
         groups: dict[str, list[str]] = {}
         for dotted in dict.fromkeys((key, *quoting)):
-            value = _get(self.config, dotted)
+            value = get(self.config, dotted)
             source = self.origin.get(dotted)
             if (value is None and source is None) or isinstance(value, dict):  # a table: its leaves tell
                 continue
@@ -76,14 +78,6 @@ def skipped(path: str, what: str, why: str) -> None:
     if line not in _skipped:
         _skipped.add(line)
         print(line, file=sys.stderr)
-
-
-def _get(tree: object, dotted: str) -> object:
-    for part in dotted.split("."):
-        if not isinstance(tree, dict):
-            return None
-        tree = tree.get(part)
-    return tree
 
 
 def _short(value: object) -> str:

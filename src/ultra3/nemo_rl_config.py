@@ -14,7 +14,8 @@ import shlex
 from typing import Any
 
 from . import executors, nemo_rl_api
-from .artifacts import get, interpolate, put
+from .artifacts import interpolate
+from .dotted import get, put
 from .job import OUTPUTS_PLACEHOLDER, Job
 from .paths import JOB_DIR_PLACEHOLDER
 from .config import flatten

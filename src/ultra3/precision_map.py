@@ -17,7 +17,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from .validation._common import PATTERN_SYMBOLS, Precision, bf16_layer_counts, get, pos_int, precision
+from .dotted import get
+from .validation._common import PATTERN_SYMBOLS, Precision, bf16_layer_counts, pos_int, precision
 from .validation.params import layer_types
 
 BF16_MODULES = "precision.bf16_modules"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ultra3.dotted import get
 from ultra3.gpus import GPU_TYPES, GpuType
 
 # Megatron-Bridge config keys the rules talk about.
@@ -32,18 +33,6 @@ PARALLEL_SIZE_KEYS = (TP, PP, CP, EP, ETP)
 # what a finding quoting a derived size names (report.error(..., quoting=...)): the keys the size comes from
 WORLD_KEYS = (NODES, GPUS)
 DP_KEYS = (*WORLD_KEYS, TP, PP, CP)
-
-
-def get(cfg: object, dotted: str, default: object = None) -> object:
-    """cfg["a"]["b"] for "a.b"; `default` when any level is missing, None or not a dict."""
-    node = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict):
-            return default
-        node = node.get(part)
-        if node is None:
-            return default
-    return node
 
 
 def is_int(value: object) -> bool:

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
-from ._common import DP_KEYS, GBS, MBS, VPP, get, mesh, pos_int
+from ultra3.dotted import get
+
+from ._common import DP_KEYS, GBS, MBS, VPP, mesh, pos_int
 
 
 def check(cfg: dict, report) -> None:

@@ -6,9 +6,10 @@ other rule modules skip the checks that need it without saying anything more.
 
 from __future__ import annotations
 
+from ultra3.dotted import get
 from ultra3.gpus import GPU_TYPES
 
-from ._common import get, mesh, nvlink_domain, pos_int
+from ._common import mesh, nvlink_domain, pos_int
 
 
 def check(cfg: dict, report) -> None:

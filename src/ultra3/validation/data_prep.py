@@ -14,11 +14,10 @@ import pathlib
 import re
 
 from ultra3.contract import HUB_MODEL, NAME
+from ultra3.dotted import get
 from ultra3.findings import Report
 from ultra3.paths import RECIPES_DIR
 from ultra3.schema import _where
-
-from ._common import get
 
 HF = "hf://"
 TOKENIZER_FIX = "give a tokenizer.json, a directory holding one, or a hub model id org/name"

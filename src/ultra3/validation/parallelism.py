@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from ultra3.dotted import get
+
 from ._common import (
     CP,
     DP_KEYS,
@@ -32,7 +34,6 @@ from ._common import (
     WORLD_KEYS,
     Mesh,
     divisors,
-    get,
     main_pattern,
     mesh,
     pattern,

@@ -22,6 +22,7 @@ FP32 gradient reduction with MTP under NVFP4/FP8 when no config layer sets ddp.g
 from __future__ import annotations
 
 from ultra3.contract import NVFP4_CAPABILITIES
+from ultra3.dotted import get
 from ultra3.gpus import GPU_TYPES
 from ultra3.precision_map import (
     BF16_MODULES,
@@ -40,7 +41,6 @@ from ._common import (
     bf16_layer_counts,
     flag,
     fp4_param_gather,
-    get,
     gpu_type,
     is_int,
     pos_int,

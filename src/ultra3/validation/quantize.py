@@ -13,9 +13,10 @@ from pathlib import Path
 
 from ultra3.findings import Report
 from ultra3.contract import CHECKPOINT_TRACKERS as TRACKERS
+from ultra3.dotted import get
 
 from . import parallelism
-from ._common import get, pos_int
+from ._common import pos_int
 from .data_prep import _exists, _missing, check_output_dir
 
 BACKENDS = ("hf", "megatron")

@@ -8,7 +8,9 @@ min_lr ≥ 0 and, for WSD, a set lr_wsd_decay_iters; these rules catch them (and
 
 from __future__ import annotations
 
-from ._common import GBS, SEQ, fmt_count, get, is_int, number, pos_int
+from ultra3.dotted import get
+
+from ._common import GBS, SEQ, fmt_count, is_int, number, pos_int
 
 DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
-from ._common import EP, ETP, GPUS, TP, get, mesh, nvlink_domain, nvlink_domain_key, pos_int
+from ultra3.dotted import get
+
+from ._common import EP, ETP, GPUS, TP, mesh, nvlink_domain, nvlink_domain_key, pos_int
 
 DISPATCHER = "model.moe_token_dispatcher_type"
 BACKEND = "model.moe_flex_dispatcher_backend"

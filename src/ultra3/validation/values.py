@@ -5,9 +5,10 @@ and a mixed-precision preset that must exist in the recorded Megatron-Bridge API
 from __future__ import annotations
 
 from ultra3 import megatron_api
+from ultra3.dotted import get
 from ultra3.schema import suggest
 
-from ._common import get, is_int, number
+from ._common import is_int, number
 
 POSITIVE = tuple(f"model.{k}" for k in (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
