@@ -104,7 +104,9 @@ class Pool:
             process.kill()
         for process in processes:
             process.join(KILL_WAIT_S)
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        # its workers gone, the executor's thread ends at once: waiting for it lets the queues' semaphores be
+        # released here, not left to multiprocessing's resource tracker (which warns of them on stderr)
+        self.executor.shutdown(wait=True, cancel_futures=True)
 
 
 _queue = None  # in a worker: where generator tasks put their items
