@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..dotted import get
 from . import params as P
 from ._common import (
     DP_KEYS,
@@ -58,7 +59,6 @@ from ._common import (
     fmt_count,
     fmt_gib,
     fp4_param_gather,
-    get,
     gpu_type,
     mesh,
     num_microbatches,
