@@ -169,8 +169,7 @@ def test_format_line_in_human_units():
     assert "~ <1 s wall, <1 core-s" in cost.format_line(cost.Estimate("x", 1e-5, None, 2e-5, "b"))
 
 
-def test_every_stage_names_a_cost_model():
-    assert {s.name: s.cost_model().__name__ for s in STAGES} == {
-        "pretrain": "training", "sft": "training", "data prep pretrain": "data_prep", "data prep sft": "data_prep",
-        "quantize": "quantize", "data prep rl": "data_prep", "rl rlvr": "rl", "rl teacher": "rl", "rl mopd": "rl",
-        "container build": "image_build"}
+def test_every_stage_has_a_cost_model():
+    from ultra3.stage import Stage
+
+    assert [s.name for s in STAGES if type(s).cost is Stage.cost] == []

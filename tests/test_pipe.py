@@ -118,7 +118,7 @@ def test_on_this_machine_the_steps_run_in_turn_and_stop_at_the_first_failure(cli
 def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli, home, tmp_path):
     """data-sft already done (its digest in the store): sft still waits for pretrain, whose checkpoint it reads."""
     from recipes.contract import artifact_name, publish
-    from ultra3.compile import artifact_store, compile_job
+    from ultra3.compile import compile_job
     from ultra3.job import Options
     from ultra3.stages import find_stage
 
@@ -126,7 +126,7 @@ def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli,
     packed = tmp_path / "packed"
     packed.mkdir()  # what `data prep sft -c tiny` leaves: its metadata at the tiny pack size
     (packed / "metadata.json").write_text('{"format": "ultra3-sft-packed-parquet/1", "pack_size": 512}')
-    publish(artifact_store(done).root, {"format": 1, "name": artifact_name("sft-data", "tiny"), "type": "sft-data",
+    publish(done.store.root, {"format": 1, "name": artifact_name("sft-data", "tiny"), "type": "sft-data",
                                         "path": str(packed), "producer": "ultra3-data-prep-sft_20260101-000000-aaaaaa",
                                         "profile": None, "config_digest": done.digest, "config": "tiny",
                                         "stage": "data prep sft", "created_ts": 1.0, "inputs": [], "metadata": {}})

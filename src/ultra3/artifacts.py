@@ -1,5 +1,5 @@
 """Stage inputs from the artifact store: where a profile's store is, what it holds, and how each input
-of a stage (stages.Input) gets its value, with where that value came from.
+of a stage (stage.Input) gets its value, with where that value came from.
 
 An input keeps a value the configs or the command line give it: a path, `job:ID` (that job's output of
 the right kind) or `NAME:latest` / `NAME:vN` (a version in the store). Left unset, a required input
@@ -15,7 +15,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .contract import (SMALL_FILE_MAX, artifact_name, newest_first, parse_manifest, read_store, resolve_ref, sample_dir,
                        small_text)
@@ -23,7 +23,9 @@ from .dotted import get, put
 from .errors import ClusterError
 from .findings import Report, skipped
 from .paths import JOB_DIR_PLACEHOLDER, config_names
-from .stages import Input, Stage, producers
+from .stage import Input, Stage
+
+Producers = Callable[[str], list[Stage]]  # the stages that make an artifact kind (ultra3.stages.producers)
 
 JOB_REF = "job:"
 
@@ -128,7 +130,7 @@ def from_manifest(manifest: dict) -> Source:
 
 
 def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile: str | None, store: Store,
-           wired: dict[str, Source], report: Report) -> list[Source | None]:
+           wired: dict[str, Source], report: Report, producers: Producers) -> list[Source | None]:
     """Give every input of `stage` its value in `config` (and `origin`), one Source per input (None where
     the input is not needed); errors for a required input with nothing to take."""
     sources: list[Source | None] = []
@@ -166,11 +168,11 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             manifest = store.newest(inp.kinds, profile, mine, inp.configs)
             if manifest is None:
                 if needed(inp, config):
-                    report.error(inp.key, _nothing_found(stage, inp, profile, store, mine))
+                    report.error(inp.key, _nothing_found(stage, inp, profile, store, mine, producers))
                 elif optional(inp, config):
                     report.warn(inp.key, f"no {' or '.join(inp.kinds)} artifact for {_whose(profile)}: {stage.name} "
                                          f"starts without its {inp.name} input ({inp.optional_when} is set); run "
-                                         f"`{hint(inp, profile, mine)}` first to start from one")
+                                         f"`{hint(inp, producers, profile, mine)}` first to start from one")
             else:
                 source = from_manifest(manifest)
                 if mine and manifest.get("config") != mine:
@@ -210,8 +212,9 @@ def _malformed_ref(value: str) -> bool:
     return not (_is_ref(value) or (value.startswith(JOB_REF) and value[len(JOB_REF):].strip()))
 
 
-def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: str | None) -> str:
-    command = hint(inp, profile, config)
+def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: str | None,
+                   producers: Producers) -> str:
+    command = hint(inp, producers, profile, config)
     whose = _whose(profile)
     first = f"run `{command}` first, or " if command else ""
     skip = f" (not needed when {inp.unless} is set)" if inp.unless else ""
@@ -219,7 +222,7 @@ def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, 
             f"input; {first}set {inp.key}=PATH (or job:ID, NAME:latest){skip}")
 
 
-def hint(inp: Input, profile: str | None, config: str | None = None) -> str:
+def hint(inp: Input, producers: Producers, profile: str | None, config: str | None = None) -> str:
     """The command that makes this input: of the consumer's config name where the maker has one (tiny for tiny)."""
     makers = [s for kind in inp.kinds for s in producers(kind)]
     if not makers:
@@ -228,12 +231,13 @@ def hint(inp: Input, profile: str | None, config: str | None = None) -> str:
     return f"ultra3 {makers[0].name}{f' -c {config}' if same else ''}{f' --batch {profile}' if profile else ''}"
 
 
-def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None], profile: str | None) -> list[dict]:
+def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None], profile: str | None,
+               producers: Producers) -> list[dict]:
     """`job.inputs` of the job config: what the in-job preflight checks and the job's manifests record."""
     return [{"name": inp.name, "key": inp.key, "kinds": list(inp.kinds), "required": needed(inp, config),
              "path": src.path if src else None, "producer": src.producer if src else None,
              "artifact": src.artifact if src else None, "how": src.how if src else None,
-             "hint": hint(inp, profile, get(config, "job.config")),
+             "hint": hint(inp, producers, profile, get(config, "job.config")),
              "pending": bool(src and src.pending)}
             for inp, src in zip(stage.inputs, sources)]
 
@@ -281,7 +285,7 @@ def _without(tree: dict[str, Any], keys: set[str], prefix: str = "") -> dict[str
 
 
 def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | None], local: bool,
-                report: Report) -> None:
+                report: Report, producers: Producers) -> None:
     """Inputs given as paths must exist: an error on this machine, a warning for a cluster (its nodes may
     mount what this machine does not; the job's preflight checks again). A blend.json must name shards."""
     for inp, src in zip(stage.inputs, sources):
@@ -303,7 +307,7 @@ def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | Non
         elif inp.kinds == ("sft-data",) and inp.key == "dataset.packed_dir":
             problem = _packed_problem(path, config)
         if problem:
-            fix = f"run `{hint(inp, None)}` or fix the path"
+            fix = f"run `{hint(inp, producers, None)}` or fix the path"
             if local:
                 report.error(inp.key, f"{problem} ({src.how}); {fix}")
             else:

@@ -21,7 +21,8 @@ try:  # Typer 0.29+ carries its own copy of click
 except ImportError:  # pragma: no cover
     from click import exceptions as cx
 
-from .stages import STAGES, Flag, Stage
+from .stage import Flag, Stage
+from .stages import STAGES
 
 HELP = {"help_option_names": ["-h", "--help"]}
 

@@ -21,7 +21,8 @@ from .job import OUTPUTS_PLACEHOLDER, Job, Options
 from .paths import JOB_DIR_PLACEHOLDER
 from .profiles import Profile, check_run_keys, find_env_file, load_profile
 from .schema import CLUSTER
-from .stages import Stage
+from .stage import Stage
+from .stages import producers
 from .validation.precision import settle as settle_precision
 
 THIS_MACHINE = "this machine"
@@ -74,7 +75,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
            if k in schemas.run_schema(executor) or k not in schemas.RUN_KEYS or _set_by_user(f"run.{k}", origin)}
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
-                  {**{k: v for k, v in stage.schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
+                  {**{k: v for k, v in stage.schema().items() if k != "run"}, "cluster": CLUSTER}, report, origin)
     # every error in one round: the later checks run on what is left; a check tripping over a value already
     # reported stays quiet
     early, first = {f.key for f in report.errors}, len(report.findings)
@@ -111,8 +112,7 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     executors.executor(executor).check(stage, config["run"], profile, report)
     job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
     _settle_inputs(job)
-    if validator := stage.validate():
-        validator(config, report)
+    stage.validate(config, report)
     return job
 
 
@@ -126,7 +126,7 @@ def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: 
     if sized and "run.nodes" in values:
         report.note("run.nodes", f"{values.pop('run.nodes')} from {profile.source} is not used: {sized} sizes "
                                  "this job (run.nodes=N on the command line overrides it)")
-    values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema, k)})
+    values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema(), k)})
     reads, build = dict(stage.profile_keys), {}
     finds_image = stage.image is not None and executors.executor(profile.executor).asks_image \
         and profile.values.get("container_image") in (None, *images.KINDS)
@@ -155,14 +155,15 @@ def _settle_inputs(job: Job) -> None:
     """The stage's inputs from the artifact store (or the pipe's wiring), its declared outputs, its config
     digest and store: in `job.*`, for the dry run, the in-job preflight and the manifests it publishes."""
     profile = job.profile.name if job.profile else None
-    store = artifact_store(job)
-    job.sources = artifacts.settle(job.stage, job.config, job.origin, profile, store, job.options.wired, job.report)
+    store = job.store = _artifact_store(job)
+    job.sources = artifacts.settle(job.stage, job.config, job.origin, profile, store, job.options.wired, job.report,
+                                   producers)
     for inp, src in zip(job.stage.inputs, job.sources):
         if src:
             job.flat[inp.key] = src.path
-    artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report)
-    if settle := job.stage.settle_hook():  # keys derived from the inputs, before the outputs are addressed
-        settle(job)
+    artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report,
+                          producers)
+    job.stage.settle(job)  # keys derived from the inputs, before the outputs are addressed
     digest = artifacts.digest(job.config, job.stage, job.sources)
     _address_outputs(job, digest)
     produced = artifacts.produces(job.stage, job.config)
@@ -170,7 +171,7 @@ def _settle_inputs(job: Job) -> None:
         if not NAME.match(made["name"]):
             job.report.error("--config", f"{job.config_path.name}: its outputs would be published as {made['name']!r}; "
                                          "name the config file with letters, digits, '.', '_' and '-' only")
-    settled = {"inputs": artifacts.job_inputs(job.stage, job.config, job.sources, profile),
+    settled = {"inputs": artifacts.job_inputs(job.stage, job.config, job.sources, profile, producers),
                "digest": digest, "artifacts_root": store.root}
     for key, value in settled.items():
         job.flat[f"job.{key}"] = value
@@ -203,7 +204,7 @@ def _address_outputs(job: Job, digest: str) -> None:
     job.config.update(moved(job.config))
 
 
-def artifact_store(job: Job) -> artifacts.Store:
+def _artifact_store(job: Job) -> artifacts.Store:
     """The profile's store: env.toml's [artifacts] manifest.root, else beside the job dirs."""
     root = (job.profile.artifacts_root if job.profile else None) or \
         executors.executor(job.executor).artifacts_root(job)

@@ -1,6 +1,6 @@
 """What a job will cost, estimated before it is submitted: wall time and GPU-hours (CPU core-hours for CPU
 stages) from the config's token or step budget and a stated throughput model, or, when an earlier run of the
-same config completed, from its measured rate. Each stage names its model in the registry (`Stage.cost`): one
+same config completed, from its measured rate. Each stage's module gives its model (`Stage.cost`): one
 per kind of work, `(config, measured) -> Estimate`, where `measured` are the artifact manifests
 (recipes/contract.py) of earlier jobs of the same stage and config digest, newest first.
 
@@ -155,14 +155,9 @@ def rl(config: dict, measured: list[dict]) -> Estimate:
 def estimate(job) -> Estimate | None:
     """A compiled job's cost by its stage's model, from the measured runs of the same config digest in the
     job's artifact store when there are any."""
-    from .compile import artifact_store
-
-    model = job.stage.cost_model()
-    if model is None:
-        return None
-    measured = [m for m in artifact_store(job).manifests()
+    measured = [m for m in job.store.manifests()
                 if m.get("stage") == job.stage.name and m.get("config_digest") == job.digest]
-    return model(job.config, measured)
+    return job.stage.cost(job.config, measured)
 
 
 def total(estimates: list[Estimate]) -> Estimate:

@@ -11,11 +11,11 @@ from .config import resolve, unflatten
 from .paths import JOB_DIR_PLACEHOLDER
 
 if TYPE_CHECKING:
-    from .artifacts import Source
+    from .artifacts import Source, Store
     from .config import Layer
     from .findings import Report
     from .profiles import Profile
-    from .stages import Stage
+    from .stage import Stage
 
 Mode = Literal["local", "attached", "detached"]
 # job.outputs, the stable home of a stage's outputs (checkpoints) across submissions of one config:
@@ -59,6 +59,7 @@ class Job:
     report: Report
     flat: dict[str, Any] = field(repr=False)  # merged values before interpolation
     sources: list[Source | None] = field(default_factory=list)  # per stage input: its value's origin
+    store: Store | None = None  # the profile's artifact store, where the inputs were looked up
 
     @property
     def digest(self) -> str:

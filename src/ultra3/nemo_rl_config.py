@@ -19,7 +19,7 @@ from .dotted import get, put
 from .job import OUTPUTS_PLACEHOLDER, Job
 from .paths import JOB_DIR_PLACEHOLDER
 from .config import flatten
-from .schema import TEACHER_ROLES
+from .nemo_rl_api import TEACHER_ROLES
 from .validation._common import slurm_seconds
 
 # Where a judge's model and endpoint go in NeMo Gym's config (a recipe declares the judges it uses)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .config import Layer
 from .findings import Report
-from .stages import Stage
+from .stage import Stage
 
 # NVIDIA's key -> the artifact kind of the input it sets (same file layout: blend.json's per-split lists, the
 # packed Parquet's train/ and valid/)

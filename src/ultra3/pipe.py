@@ -26,7 +26,8 @@ from .findings import Finding
 from .launch.jobdir import new_job_id
 from .profiles import load_profile
 from .schema import suggest
-from .stages import Stage, find_stage
+from .stage import Stage
+from .stages import find_stage
 
 CONFIG_DIR = "pipe"
 
@@ -208,9 +209,8 @@ def _unmade(step: str, entry: Entry, key: str) -> str:
 
 
 def _completed(job: Job, stage: Stage) -> list[dict]:
-    from .compile import artifact_store
 
-    found = artifact_store(job).completed_with(job.digest, job.profile.name if job.profile else None)
+    found = job.store.completed_with(job.digest, job.profile.name if job.profile else None)
     kinds = {o["kind"] for o in job.config["job"]["produces"]}
     return found if kinds and kinds <= {m.get("type") for m in found} else []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .compile import compile_job
 from .job import Options
 from .errors import UserError
-from .stages import Stage
+from .stage import Stage
 
 
 def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
@@ -19,7 +19,7 @@ def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
 
         print_dry_run(job)
         return
-    if (done := stage.done_hook()) and (why := done(job)):  # up to date: nothing to submit
+    if why := stage.done(job):  # up to date: nothing to submit
         print(why)
         return
     from .launch import launch

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from . import megatron_api
+from .nemo_rl_api import TEACHER_ROLES
 from .findings import Report
 from .forms import (ENV, HOST, IMAGE, INT64, JOB_NAME, MOUNT, PORT, RAY_ADDRESS, SAFE_PATH, SLURM_MEM, SLURM_TIME, USER,
                     Count, EnvTable, Text)
@@ -318,7 +319,6 @@ def _where(path: str, origin: dict[str, str]) -> str:
 # The RL stages (rl rlvr | teacher | mopd): our keys around NeMo RL's own config. `nemo_rl` holds NeMo RL's
 # keys, in its own shape: checked against the record of its Ultra YAMLs (ultra3.nemo_rl_api), merged into the
 # YAML named by `recipe` inside the job.
-TEACHER_ROLES = ("general", "rlhf", "ifbench", "reasoning", "swe")
 RL: Schema = {
     "run": None,
     "recipe": str,  # NeMo RL's config: examples/nemo_gym/nemotron-3-ultra/<recipe>.yaml at the pinned commit

@@ -1,6 +1,6 @@
 """The model a training job starts from: when `recipe.hf_model` is a local directory with config.json,
 our model keys must agree with it (through Megatron-Bridge's own HF -> Megatron key mapping). Where its
-checkpoint comes from is the stage's input (stages.Input, resolved by ultra3.artifacts)."""
+checkpoint comes from is the stage's input (stage.Input, resolved by ultra3.artifacts)."""
 
 from __future__ import annotations
 

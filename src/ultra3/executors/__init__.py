@@ -3,7 +3,6 @@ over SSH), or an existing Ray cluster. A module is imported when its executor is
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
@@ -12,14 +11,23 @@ if TYPE_CHECKING:
     from ..records import JobRecord
     from .base import Executor
 
-_CLASSES = {"local": "local.Local", "slurm": "slurm.Slurm", "ray": "ray.Ray"}
+NAMES = ("local", "slurm", "ray")
 
 
 def executor(name: str) -> Executor:
-    if name not in _CLASSES:
-        raise UserError(f"unknown executor '{name}'; choose one of: {', '.join(_CLASSES)}")
-    module, cls = _CLASSES[name].split(".")
-    return getattr(import_module(f"{__name__}.{module}"), cls)()
+    if name == "local":
+        from .local import Local
+
+        return Local()
+    if name == "slurm":
+        from .slurm import Slurm
+
+        return Slurm()
+    if name == "ray":
+        from .ray import Ray
+
+        return Ray()
+    raise UserError(f"unknown executor '{name}'; choose one of: {', '.join(NAMES)}")
 
 
 def for_record(record: JobRecord) -> Executor:

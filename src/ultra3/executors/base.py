@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..job import Job
     from ..findings import Report
     from ..profiles import Profile
-    from ..stages import Stage
+    from ..stage import Stage
 
 
 class Executor(ABC):

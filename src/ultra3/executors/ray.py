@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..job import Job
     from ..findings import Report
     from ..profiles import Profile
-    from ..stages import Stage
+    from ..stage import Stage
 
 RAY_STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", "FAILED": "FAILED",
               "STOPPED": "CANCELLED"}

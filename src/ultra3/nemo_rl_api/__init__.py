@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 RECORD = Path(__file__).with_name("record.json")
+# MOPD's teacher panel in the Ultra recipe: the general teacher (the Student RLVR policy), then one a role
+TEACHER_ROLES = ("general", "rlhf", "ifbench", "reasoning", "swe")
 
 
 @cache

@@ -17,7 +17,7 @@ from ..findings import Report
 from ..leaks import masked
 from ..nemo_rl_config import (TEACHER_CFG, declared_judges, describe, effective, is_mopd, layout_keys, materialize,
                                node_groups, teacher_pools)
-from ..schema import TEACHER_ROLES
+from ..nemo_rl_api import TEACHER_ROLES
 from .schedule import learning_rates
 
 MEGATRON = "policy.megatron_cfg"

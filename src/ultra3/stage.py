@@ -1,0 +1,103 @@
+"""What a stage is, below everything that uses one: its command words, config dir, runtime module, launch kind,
+resources, preflight checks, the artifacts it consumes and produces, and its hooks. The stages themselves are
+in ultra3.stages, one module a family; each overrides the hooks it has, importing their code down. A hook's
+`job` is the compiled ultra3.job.Job, which holds its stage: the two modules do not import each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .cost import Estimate
+    from .findings import Report
+
+Launch = Literal["torchrun", "ray", "process"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A stage's own option, a spelling of a config key: `--sample 100` is `sample=100`."""
+
+    key: str
+    kind: type  # int, or bool for a switch
+    help: str
+
+    @property
+    def option(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Input:
+    """An artifact the stage consumes, filling one config key. Unset, it resolves to the newest artifact of
+    one of `kinds` (in order) for the same profile; `unless` names a config key that, when true, makes
+    the input unnecessary (mock data, a checkpoint the job makes itself, a resumed run)."""
+
+    name: str
+    key: str
+    kinds: tuple[str, ...]
+    required: bool = True
+    unless: str | None = None
+    configs: tuple[str, ...] = ()  # only artifacts made by these configs (a teacher's role); an optional input
+    # with configs is taken when one exists
+    same_config: bool = True  # prefer an artifact made by a config of the consumer's name (tiny for tiny)
+    optional_when: str | None = None  # a config key that, when true, makes the input optional: taken when one
+    # exists, else the job goes without it (the tiny SFT's random initial weights)
+
+
+@dataclass(frozen=True)
+class Output:
+    """An artifact the stage produces: `key` holds the directory it writes, `file` is the artifact within
+    it ("" for the directory itself). Nothing is produced when the key is unset (e.g. checkpoint.save)."""
+
+    kind: str
+    key: str
+    file: str = ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    words: tuple[str, ...]  # the command path under `ultra3`, e.g. ("data", "prep", "sft")
+    summary: str
+    config_dir: str  # under configs/
+    recipe: str  # the runtime module under recipes/ (`python -m recipes.<recipe>`), run inside the job
+    launch: Launch  # torchrun over the GPUs of each node (one rank: the script itself), a Ray cluster, or the
+    # recipe as one process
+    checks: tuple[str, ...]  # recipes/preflight.py checks, by name, run first in the job
+    examples: tuple[str, ...] = ()
+    flags: tuple[Flag, ...] = ()  # options of this stage only
+    inputs: tuple[Input, ...] = ()
+    outputs: tuple[Output, ...] = ()
+    outputs_by: str | None = None  # the key naming job.outputs (an experiment that resumes), else the digest
+    image: str | None = "training"  # the image kind its jobs run in (images.py); None: on the node itself
+    named_configs: bool = False  # a bare word after the command names its config (`container build data`)
+    profile_keys: tuple[tuple[str, str], ...] = ()  # NVIDIA's build_* profile keys it reads, and as which key
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.words)
+
+    @property
+    def slug(self) -> str:  # job names, directories
+        return "ultra3-" + "-".join(self.words)
+
+    # -- hooks: a family overrides those it has ------------------------------------------------------------
+
+    def schema(self) -> dict:
+        """The typed schema of its config (ultra3.schema)."""
+        raise NotImplementedError
+
+    def validate(self, cfg: dict[str, Any], report: Report) -> None:
+        """The stage's rules, run on the resolved config after the schema."""
+
+    def cost(self, config: dict[str, Any], measured: list[dict]) -> Estimate | None:
+        """What the job will take (ultra3.cost), from the config and earlier measured runs; None: no model."""
+        return None
+
+    def settle(self, job) -> None:
+        """Keys derived once the inputs are known, before the outputs are addressed."""
+
+    def done(self, job) -> str | None:
+        """Why submitting is not needed (its output is up to date), or None."""
+        return None

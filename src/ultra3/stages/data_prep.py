@@ -1,0 +1,48 @@
+"""`ultra3 data prep pretrain|sft|rl`: CPUs only, on Ray (embedded, over the allocation, or an existing cluster)."""
+
+from __future__ import annotations
+
+from ..stage import Flag, Output, Stage
+
+FLAGS = (
+    Flag("sample", int, "Process only the first N records of each dataset, into <output_dir>/sample-N."),
+    Flag("force", bool, "Redo everything, even finished shards."),
+)
+CHECKS = ("python_version", "image", "data_prep_packages", "data_prep_inputs")
+
+
+class DataPrep(Stage):
+    def schema(self) -> dict:
+        from .. import schema
+
+        return {"pretrain": schema.DATA_PREP_PRETRAIN, "sft": schema.DATA_PREP_SFT,
+                "rl": schema.DATA_PREP_RL}[self.words[-1]]
+
+    def validate(self, cfg, report) -> None:
+        from ..validation.data_prep import validate_data_prep
+
+        validate_data_prep(cfg, report)
+
+    def cost(self, config, measured):
+        from ..cost_data_prep import data_prep
+
+        return data_prep(config, measured)
+
+
+def _data_prep(kind: str, summary: str, output: Output, examples: tuple[str, ...]) -> DataPrep:
+    return DataPrep(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", CHECKS,
+                    examples=examples, flags=FLAGS, outputs=(output,), image="data")
+
+
+PRETRAIN = _data_prep("pretrain", "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",
+                      Output("pretrain-data", "output_dir", "blend.json"),
+                      ("ultra3 data prep pretrain -c tiny", "ultra3 data prep pretrain -c tiny --sample 100",
+                       "ultra3 data prep pretrain --batch mycluster output_dir=/lustre/data/phase1"))
+SFT = _data_prep("sft", "Render, mask and pack SFT conversations into Parquet on Ray.", Output("sft-data", "output_dir"),
+                 ("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
+                  "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft"))
+RL = _data_prep("rl", "Check the RL blends, restore their placeholders and split them, on Ray.",
+                Output("rl-data", "output_dir"),
+                ("ultra3 data prep rl -c tiny", "ultra3 data prep rl --sample 1000",
+                 "ultra3 data prep rl --batch mycluster output_dir=/lustre/data/rl "
+                 "placeholders.dapo.path=hf://BytedTsinghua-SIA/DAPO-Math-17k"))

@@ -1,0 +1,58 @@
+"""`ultra3 rl rlvr|teacher|mopd`: NeMo RL's entry point on Ray over the allocation, its config derived from ours
+(settle), its checkpoints an experiment's, its output the final policy in Hugging Face format."""
+
+from __future__ import annotations
+
+from ..nemo_rl_api import TEACHER_ROLES
+from ..stage import Input, Output, Stage
+
+# NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
+CHECKS = ("python_version", "image", "shared_dir", "nemo_rl", "gpus", "inputs")
+DATA = Input("data", "data.dir", ("rl-data",), same_config=False)
+
+
+class RL(Stage):
+    def schema(self) -> dict:
+        from ..schema import RL as SCHEMA
+
+        return SCHEMA
+
+    def validate(self, cfg, report) -> None:
+        from ..validation.rl import validate_rl
+
+        validate_rl(cfg, report)
+
+    def cost(self, config, measured):
+        from ..cost import rl
+
+        return rl(config, measured)
+
+    def settle(self, job) -> None:
+        from ..nemo_rl_config import settle
+
+        settle(job)
+
+
+def _rl(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> RL:
+    return RL(("rl", step), summary, f"rl/{step}", "rl", "ray", CHECKS, examples=examples, inputs=inputs,
+              outputs=(Output(output, "output_dir"),), outputs_by="experiment", image="rl")
+
+
+RLVR = _rl("rlvr", "Student RLVR: GRPO with verifiable rewards from the SFT policy, NeMo RL on Ray over Slurm.",
+           (Input("policy", "policy", ("sft-checkpoint",)), DATA), "rlvr-policy",
+           ("ultra3 rl rlvr -c rlvr1 --batch gb200 --dry-run",
+            "ultra3 rl rlvr -c rlvr2 --batch gb200 judges.genrm_url=http://genrm:8000/v1",
+            "ultra3 rl rlvr -c tiny --batch mycluster check_only=true"))
+TEACHER = _rl("teacher", "A specialised teacher (ifbench, rlhf, reasoning, swe): RL from the Student RLVR policy.",
+              (Input("policy", "policy", ("rlvr-policy",), same_config=False), DATA), "teacher-policy",
+              ("ultra3 rl teacher -c ifbench --batch gb200 --dry-run",
+               "ultra3 rl teacher -c swe --batch gb200 sif_dir=/lustre/sif"))
+MOPD = _rl("mopd", "Multi-teacher on-policy distillation of the Student RLVR policy from the teacher panel.",
+           (Input("policy", "policy", ("rlvr-policy",), same_config=False), DATA,
+            Input("general teacher", "teachers.general", ("rlvr-policy",), same_config=False),
+            # each role: its teacher config's output (`rl teacher` with no -c is the ifbench teacher)
+            *(Input(f"{role} teacher", f"teachers.{role}", ("teacher-policy",), required=False,
+                    configs=(role, "default") if role == "ifbench" else (role,))
+              for role in TEACHER_ROLES[1:])), "mopd-policy",
+           ("ultra3 rl mopd --batch gb200 --dry-run",
+            "ultra3 rl mopd --batch gb200 teachers.swe=/lustre/ckpt/swe-teacher"))

@@ -1,0 +1,50 @@
+"""`ultra3 pretrain` and `ultra3 sft`: Megatron-Bridge training under torchrun."""
+
+from __future__ import annotations
+
+from ..stage import Input, Output, Stage
+
+CHECKS = ("python_version", "image", "training_packages", "kernels", "gpus", "inputs")
+
+
+class Training(Stage):
+    def schema(self) -> dict:
+        from ..schema import TRAINING
+
+        return TRAINING
+
+    def validate(self, cfg, report) -> None:
+        from ..validation import validate_training
+
+        validate_training(cfg, report)
+
+    def cost(self, config, measured):
+        from ..cost import training
+
+        return training(config, measured)
+
+
+PRETRAIN = Training(
+    ("pretrain",), "Pretrain Nemotron 3 Ultra with Megatron-Bridge (NVFP4 by default).", "pretrain", "pretrain",
+    "torchrun", CHECKS,
+    inputs=(Input("data", "dataset.blend_path", ("pretrain-data",), unless="dataset.mock"),),
+    outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
+    examples=(
+        "ultra3 pretrain -c tiny --dry-run",
+        "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json",
+        "ultra3 pretrain -c tiny --run mycluster train.train_iters=20",
+    ),
+)
+
+SFT = Training(
+    ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.", "sft", "sft", "torchrun", CHECKS,
+    inputs=(Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), unless="checkpoint.load",
+                  optional_when="recipe.allow_random_init"),
+            Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),
+    outputs=(Output("sft-checkpoint", "checkpoint.save"),),
+    examples=(
+        "ultra3 sft -c tiny --dry-run",
+        "ultra3 sft --batch mycluster",
+        "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
+    ),
+)
