@@ -114,7 +114,7 @@ def cli_here(home, capsys, monkeypatch):
     """The same commands run in this process (the console scripts' own entry points, without an interpreter
     start-up each): for the long tables of bad input."""
     from ultra3 import findings
-    from ultra3.cli import nemotron_main, ultra3_main
+    from ultra3.cli.app import nemotron_main, ultra3_main
 
     def run(*args: str, prog: str = "ultra3", env: dict | None = None) -> Result:
         for key, value in (env or {}).items():

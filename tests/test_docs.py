@@ -292,7 +292,7 @@ class Workspace:
         return {slug: job_id for slug, (_, job_id) in newest.items()}
 
     def run(self, example: Example) -> tuple[int, str]:
-        from ultra3.cli import nemotron_main, ultra3_main
+        from ultra3.cli.app import nemotron_main, ultra3_main
 
         jobs = self.jobs()
         argv = [JOB_ID.sub(lambda m: jobs.get(m.group(1), m.group(0)), w).replace("$PWD", str(self.cwd))

@@ -19,7 +19,7 @@ from ultra3 import jobs, records
 from ultra3.compile import compile_job
 from ultra3.job import Options
 from ultra3.executors import executor
-from ultra3.launch.jobdir import new_job_id
+from ultra3.jobprep.jobdir import new_job_id
 from ultra3.records import JobRecord
 from ultra3.stages import STAGES
 

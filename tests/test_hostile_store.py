@@ -23,7 +23,7 @@ from test_executors import pretrain_job
 from test_training_inputs import completed_pretrain_job
 from ultra3 import jobs, records
 from ultra3.executors import executor
-from ultra3.launch.jobdir import new_job_id
+from ultra3.jobprep.jobdir import new_job_id
 from ultra3.paths import nemorun_home
 
 OLDER, NEWER = "ultra3-pretrain_20260101-000000-aaaaaa", "ultra3-pretrain_20260103-000000-cccccc"

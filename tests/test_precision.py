@@ -19,7 +19,7 @@ from ultra3.job import Options
 from ultra3.paths import JOB_DIR_PLACEHOLDER
 from ultra3.errors import InvalidConfig
 from ultra3.findings import Report
-from ultra3.launch.plan import slurm_spec
+from ultra3.jobprep.plan import slurm_spec
 from ultra3.executors.sbatch import render_sbatch
 from ultra3.precision_map import MODULE_PATHS, TE_KNOBS, layer_map, module_rows
 from ultra3.stages import STAGES

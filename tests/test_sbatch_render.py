@@ -10,7 +10,7 @@ import pytest
 from ultra3.compile import compile_job
 from ultra3.job import Options
 from ultra3.paths import JOB_DIR_PLACEHOLDER
-from ultra3.launch.plan import slurm_spec
+from ultra3.jobprep.plan import slurm_spec
 from ultra3.executors.sbatch import render_sbatch
 from ultra3.executors.nemo_run_slurm import nemo_run_script
 from ultra3.stages import STAGES

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..contract import read_small, write_atomic
 from ..errors import ClusterError
 from ..findings import skipped
-from ..launch.jobdir import write_code_dir
-from ..launch.plan import local_command, task_name
+from ..jobprep.jobdir import write_code_dir
+from ..jobprep.plan import local_command, task_name
 from ..records import JobRecord, State
 from .base import Executor, home_artifacts, home_job_dir, local_files, read_from
 

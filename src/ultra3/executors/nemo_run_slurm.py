@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..contract import CONFIG_FILE, ENTRY_MODULE
-from ..launch.jobdir import write_code_dir
+from ..jobprep.jobdir import write_code_dir
 from .commands import scheduler_timeout, ssh_of
-from ..launch.plan import SlurmSpec, slurm_spec
+from ..jobprep.plan import SlurmSpec, slurm_spec
 from ..paths import nemorun_home
 from .sbatch import chain_parameters
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ClusterError
-from ..launch.jobdir import write_code_dir
-from ..launch.plan import job_command, task_name
+from ..jobprep.jobdir import write_code_dir
+from ..jobprep.plan import job_command, task_name
 from ..records import JobRecord, State
 from .base import Executor, decode, home_artifacts, home_job_dir, profile_at
 

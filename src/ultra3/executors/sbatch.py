@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
-from ..launch.plan import SlurmSpec
+from ..jobprep.plan import SlurmSpec
 
 RUNDIR = "/nemo_run"  # where NeMo-Run mounts the task dir inside a container
 

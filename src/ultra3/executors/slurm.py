@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ClusterError, UserError
 from ..forms import SAFE_PATH
-from ..launch.plan import slurm_spec
+from ..jobprep.plan import slurm_spec
 from ..paths import nemorun_home
 from ..records import JobRecord, State
 from . import slurm_state

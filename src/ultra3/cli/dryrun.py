@@ -7,13 +7,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from . import cost
-from .artifacts import optional, source_line
+from .. import cost
+from ..artifacts import optional, source_line
 
-from .compile import changed_keys
-from .job import Job
-from .executors import executor
-from .leaks import masked
+from ..compile import changed_keys
+from ..job import Job
+from ..executors import executor
+from ..leaks import masked
 
 
 def _section(out: TextIO, title: str) -> None:

@@ -21,8 +21,8 @@ try:  # Typer 0.29+ carries its own copy of click
 except ImportError:  # pragma: no cover
     from click import exceptions as cx
 
-from .stage import Flag, Stage
-from .stages import STAGES
+from ..stage import Flag, Stage
+from ..stages import STAGES
 
 HELP = {"help_option_names": ["-h", "--help"]}
 
@@ -70,8 +70,8 @@ class StageCommand(TyperCommand):
 
     @property
     def epilog(self) -> str:  # type: ignore[override]
-        from .paths import config_names
-        from .profiles import profile_names
+        from ..paths import config_names
+        from ..profiles import profile_names
 
         path, profiles = profile_names(_env_file_arg(sys.argv[1:]))
         by = "-c, or the first word" if self.stage.named_configs else "-c"
@@ -160,7 +160,7 @@ PIPE_EXAMPLES = (
 class PipeCommand(TyperCommand):
     @property
     def epilog(self) -> str:  # type: ignore[override]
-        from .paths import config_names
+        from ..paths import config_names
 
         return "\n".join(["\b", f"Pipes (-c): {', '.join(config_names('pipe'))}",
                           "Overrides: STEP.key=value, e.g. pretrain.train.train_iters=20", "", "\b", "Examples:",
@@ -214,7 +214,7 @@ def build_jobs() -> typer.Typer:
     @app.command("list")
     def list_(limit: int = typer.Option(20, "-n", "--limit", min=1, help="How many of the newest jobs.")) -> None:
         """List submitted jobs, newest first, with their current state."""
-        from .jobs_cli import list_jobs
+        from .jobs import list_jobs
 
         list_jobs(limit)
 
@@ -222,7 +222,7 @@ def build_jobs() -> typer.Typer:
     def status(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, a unique prefix, or a pipe id "
                                                              "(default: the newest job).")) -> None:
         """Show one job (state, exit code, reason, paths) or every step of a pipe."""
-        from .jobs_cli import show_status
+        from .jobs import show_status
 
         show_status(job)
 
@@ -231,21 +231,21 @@ def build_jobs() -> typer.Typer:
                                                             "newest job)."),
              follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends.")) -> None:
         """Print the job's log."""
-        from .jobs_cli import show_logs
+        from .jobs import show_logs
 
         show_logs(job, follow)
 
     @app.command()
     def cancel(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
         """Cancel a pending or running job, or every step of a pipe not yet ended."""
-        from .jobs_cli import cancel_job
+        from .jobs import cancel_job
 
         cancel_job(job)
 
     @app.command()
     def lineage(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
         """The jobs and artifacts that led to a job's outputs."""
-        from .jobs_cli import show_lineage
+        from .jobs import show_lineage
 
         show_lineage(job)
 
@@ -289,8 +289,8 @@ def _command_hint(ctx, word: str) -> str:
 
 
 def _main(app: typer.Typer, prog: str) -> None:
-    from . import __version__
-    from .errors import LauncherError
+    from .. import __version__
+    from ..errors import LauncherError
 
     if sys.argv[1:2] == ["--version"]:
         print(f"{prog} {__version__}")

@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import artifacts, pipe_records
-from .artifacts import Source
-from .compile import compile_job
-from .job import Job, Options
-from .config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
-from .errors import InvalidConfig, JobFailed, UserError
-from .findings import Finding
-from .launch.jobdir import new_job_id
-from .profiles import load_profile
-from .schema import suggest
-from .stage import Stage
-from .stages import find_stage
+from .. import artifacts, pipe_records
+from ..artifacts import Source
+from ..compile import compile_job
+from ..job import Job, Options
+from ..config import CLI_SOURCE, Layer, find_config, flatten, read_yaml
+from ..errors import InvalidConfig, JobFailed, UserError
+from ..findings import Finding
+from ..jobprep.jobdir import new_job_id
+from ..profiles import load_profile
+from ..schema import suggest
+from ..stage import Stage
+from ..stages import find_stage
 
 CONFIG_DIR = "pipe"
 
@@ -221,7 +221,7 @@ def _outputs(step: Step) -> dict[str, Source]:
     if step.job is None:  # its errors are reported; later steps are checked against a stand-in
         return {o.kind: Source(f"<{step.entry.id} {o.kind}>", f"from pipe step {step.entry.id}", pending=True)
                 for o in step.entry.stage.outputs}
-    from .executors import executor
+    from ..executors import executor
 
     job_dir = executor(step.job.executor).job_dir(step.job, step.job_id)
     return {o["kind"]: Source(step.job.placed(o["path"], job_dir), f"from pipe step {step.entry.id} ({step.job_id})",
@@ -236,7 +236,7 @@ def run_pipe(options: PipeOptions) -> None:
         raise UserError("--run and --batch: choose one (--run follows the pipe, --batch returns after submitting)")
     path, steps = plan(options)
     todo = [s for s in steps if not s.skipped]
-    from .executors import executor
+    from ..executors import executor
 
     chains = bool(todo) and executor(todo[0].job.executor).chains
     if todo and not chains and options.mode == "detached":  # the dry run refuses it too
@@ -262,8 +262,8 @@ def run_pipe(options: PipeOptions) -> None:
 
 
 def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
-    from .executors import executor
-    from .records import save
+    from ..executors import executor
+    from ..records import save
 
     for finding in step.job.report.findings:
         print(f"{step.entry.id}: {finding.line()}", file=sys.stderr)
@@ -277,7 +277,7 @@ def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
 
 
 def _submit_chain(pipe_id: str, path: Path, todo: list[Step], options: PipeOptions) -> None:
-    from . import jobs
+    from .. import jobs
 
     records: dict[str, Any] = {}
     try:
@@ -305,7 +305,7 @@ def _submit_chain(pipe_id: str, path: Path, todo: list[Step], options: PipeOptio
 
 
 def _run_in_turn(pipe_id: str, path: Path, todo: list[Step]) -> None:
-    from . import jobs
+    from .. import jobs
 
     records: dict[str, Any] = {}
     try:
@@ -324,7 +324,7 @@ def _run_in_turn(pipe_id: str, path: Path, todo: list[Step]) -> None:
 
 
 def _fail(step: Step, record, final, rest: list) -> None:
-    from . import jobs
+    from .. import jobs
 
     reason = final.reason or jobs.failure_reason(record)
     for later in rest:  # Slurm cancels them (kill-on-invalid-dep); report what it says
@@ -335,7 +335,7 @@ def _fail(step: Step, record, final, rest: list) -> None:
 
 
 def _wait_terminal(record, timeout: float = 60) -> str:
-    from . import jobs
+    from .. import jobs
 
     deadline = time.monotonic() + timeout
     while True:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import jobs, records
-from ..job import Job
-from ..contract import INPUT_ERROR, INPUT_ERROR_EXIT
-from ..errors import JobFailed, JobInputError
-from ..executors import executor
+from . import jobs, records
+from .job import Job
+from .contract import INPUT_ERROR, INPUT_ERROR_EXIT
+from .errors import JobFailed, JobInputError
+from .executors import executor
 
 
 def launch(job: Job) -> None:
-    from .jobdir import new_job_id
+    from .jobprep.jobdir import new_job_id
 
     for finding in job.report.findings:
         print(finding.line(), file=sys.stderr)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .compile import compile_job
-from .job import Options
-from .errors import UserError
-from .stage import Stage
+from ..compile import compile_job
+from ..job import Options
+from ..errors import UserError
+from ..stage import Stage
 
 
 def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
@@ -22,6 +22,6 @@ def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
     if why := stage.done(job):  # up to date: nothing to submit
         print(why)
         return
-    from .launch import launch
+    from ..launch import launch
 
     launch(job)

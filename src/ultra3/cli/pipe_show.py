@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from .config import CLI_SOURCE
+from ..config import CLI_SOURCE
 
 
 def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> None:
     out = out or sys.stdout  # the stream of the moment, not the one at import
-    from .executors import executor
+    from ..executors import executor
 
     first = next(s.job for s in steps if s.job)
     where = f"profile '{first.profile.name}' ({first.executor})" if first.profile else "local (this machine)"
@@ -52,7 +52,7 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
 
 
 def _cost(steps: list, out: TextIO) -> None:
-    from .cost import estimate, format_line, total
+    from ..cost import estimate, format_line, total
 
     out.write("\n== estimated cost ==\n")
     estimates = []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from . import jobs, records
-from .errors import LauncherError, UserError
-from .pipe_records import find_pipe
+from .. import jobs, records
+from ..errors import LauncherError, UserError
+from ..pipe_records import find_pipe
 
 
 def _age(ts: float) -> str:
@@ -110,6 +110,6 @@ def _pipe_status(pipe: dict) -> None:
 
 
 def show_lineage(ref: str) -> None:
-    from .lineage import print_lineage
+    from ..lineage import print_lineage
 
     print_lineage(records.find(ref))
