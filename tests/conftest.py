@@ -234,7 +234,9 @@ def free_ports(n: int) -> list[int]:
 # (for a Slurm profile, a path missing on this machine is a warning).
 INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
           ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
-          ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"]}
+          ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"],
+          ("convert megatron-to-hf", "default"): ["megatron_checkpoint=/lustre/ckpt/sft"],
+          ("convert megatron-to-hf", "tiny"): ["megatron_checkpoint=/lustre/ckpt/sft-tiny"]}
 SANDBOX = "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh"
 RL_INPUTS = {"rl rlvr": ["policy=/lustre/ckpt/sft-hf", "data.dir=/lustre/data/rl", SANDBOX],
              "rl teacher": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"],
@@ -248,3 +250,12 @@ def inputs(stage: str, config: str) -> list[str]:
     """What the stage's inputs need on the command line for a dry run with an empty artifact store."""
     return (INPUTS.get((stage, config), []) + RL_INPUTS.get(stage, []) + RL_EXTRA.get((stage, config), [])
             + (RL_JUDGES if stage in RL_INPUTS else []))
+
+
+def stage_config(config_dir: str, name: str = "tiny") -> dict:
+    """A shipped stage config with its `defaults:` chain, as the launcher layers it before the profile and the
+    command line: every key a runtime takes (a data prep's `run` and `job` aside), for configs tests hand to it."""
+    from ultra3.config import find_config, load_layers, merge, unflatten
+
+    flat, _ = merge(load_layers(find_config(config_dir, name), config_dir))
+    return {k: v for k, v in unflatten(flat).items() if k != "run"}

@@ -45,11 +45,12 @@ def commands(help_text: str) -> list[str]:
 def test_ultra3_help_lists_the_stages(cli):
     r = ok(cli("--help"))
     assert r.out.startswith("Usage: ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data", "rl", "container"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data", "rl", "container", "convert"]
     assert "ultra3 pretrain -c tiny --dry-run" in r.out
     assert commands(ok(cli("container", "--help")).out) == ["build"]
     assert commands(ok(cli("data", "prep", "--help")).out) == ["pretrain", "sft", "rl"]
     assert commands(ok(cli("rl", "--help")).out) == ["rlvr", "teacher", "mopd"]
+    assert commands(ok(cli("convert", "--help")).out) == ["hf-to-megatron", "megatron-to-hf"]
     assert ok(cli()).out == r.out  # no arguments: the same help, exit 0
 
 
@@ -63,7 +64,7 @@ def test_nemotron_help_lists_ultra3_and_jobs(cli):
 def test_nemotron_ultra3_help_lists_the_stages(cli):
     r = ok(cli("ultra3", "--help", prog="nemotron"))
     assert r.out.startswith("Usage: nemotron ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data", "rl", "container"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data", "rl", "container", "convert"]
 
 
 def test_stage_help_lists_configs_profiles_and_examples(cli, tmp_path):

@@ -133,7 +133,8 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
 
 @_with_shared_options
 def _group_callback(ctx: typer.Context, **options) -> None:
-    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep, quantize and container image stages, and pipes of them.
+    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep, quantize, checkpoint conversion and container image
+    stages, and pipes of them.
 
     \b
     Examples:
@@ -255,7 +256,7 @@ def build_jobs() -> typer.Typer:
 def build_nemotron() -> typer.Typer:
     app = _typer("nemotron", "Nemotron training recipes launcher.")
     app.callback()(lambda: None)
-    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, rl, data prep, quantize, pipe.")
+    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, rl, data prep, quantize, convert, pipe.")
     app.add_typer(build_jobs(), name="jobs")
     return app
 
