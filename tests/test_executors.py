@@ -54,21 +54,22 @@ def test_a_job_after_a_failing_one_is_cancelled_by_slurm_and_says_why(slurm, cli
     first_job = pretrain_job(batch=add_profile("fails-soon", ["sleep 20", "exit 1"]))  # time to see the wait
     second_job = pretrain_job(batch="ci")
     first = slurm_ex.submit(first_job, new_job_id(first_job))
-    submitted = [first.slurm_id]
+    first_slurm = slurm_ex.scheduler_id(first)
+    submitted = [first_slurm]
     try:
         second_id = new_job_id(second_job)
         second = slurm_ex.submit(second_job, second_id, after=[first])
-        submitted.append(second.slurm_id)
+        submitted.append(slurm_ex.scheduler_id(second))
         for r in (first, second):
             records.save(r)
 
         assert second.after == [first.id] and first.after == []
-        shown = subprocess.run(["scontrol", "show", "job", second.slurm_id], capture_output=True, text=True).stdout
-        assert re.search(rf"\bDependency=afterok:{first.slurm_id}\(unfulfilled\)", shown), shown
+        shown = subprocess.run(["scontrol", "show", "job", submitted[1]], capture_output=True, text=True).stdout
+        assert re.search(rf"\bDependency=afterok:{first_slurm}\(unfulfilled\)", shown), shown
         # what NeMo-Run submitted is what the dry run renders for this chain
         script = Path(second.job_dir, "pretrain_sbatch.sh").read_text()
         assert script.rstrip("\n") == slurm_ex.render(second_job, second_id, [first])
-        assert f"#SBATCH --dependency=afterok:{first.slurm_id}\n" in script
+        assert f"#SBATCH --dependency=afterok:{first_slurm}\n" in script
         assert "#SBATCH --kill-on-invalid-dep=yes\n" in script
 
         waiting = wait_for(lambda: (st := jobs.state(second)).reason.startswith("waiting") and st, timeout=15)
@@ -99,7 +100,7 @@ def test_a_job_after_a_failing_one_is_cancelled_by_slurm_and_says_why(slurm, cli
 
 def test_a_slurm_job_waits_only_for_slurm_jobs_of_its_cluster(home, tmp_path):
     local = JobRecord(id="ultra3-pretrain_x", stage="pretrain", config="tiny", executor="local", mode="local",
-                      submitted=0, job_dir=str(tmp_path), task="pretrain", log_glob="log", pid=1)
+                      submitted=0, job_dir=str(tmp_path), task="pretrain", log_glob="log", handle={"pid": 1})
     with pytest.raises(ValueError, match="only for Slurm jobs of its own cluster"):
         executor("slurm").submit(pretrain_job(batch="ci"), "ultra3-pretrain_y", after=[local])
 
@@ -160,7 +161,7 @@ def test_slurm_read_log_reads_the_logs_of_every_start_as_one_stream(tmp_path):
         (task / f"log-ultra3.pretrain_7_{restart}.out").write_text(body)
     record = JobRecord(id="j", stage="pretrain", config="tiny", executor="slurm", mode="detached", submitted=0,
                        job_dir=str(tmp_path), task="pretrain", log_glob="pretrain/log-ultra3.pretrain_7_*.out",
-                       slurm_id="7")
+                       handle={"slurm_id": "7"})
     text, offset = executor("slurm").read_log(record, 0)
     assert text == "first start\nsecond start\neleventh start\n" and offset == len(text)
     assert executor("slurm").read_log(record, len("first start\nsec")) == ("ond start\neleventh start\n", offset)
@@ -193,6 +194,35 @@ def test_a_record_written_before_chains_still_loads(home):
     records.registry_dir().mkdir(parents=True)
     (records.registry_dir() / f"{old['id']}.json").write_text(json.dumps(old))
 
-    record = records.find("12")
-    assert (record.id, record.after, record.pipe) == (old["id"], [], None)
-    assert [r.id for r in records.all_records()] == [old["id"]]
+    record = jobs.find("12")
+    assert (record.id, record.after, record.pipe, record.handle) == (old["id"], [], None, {"slurm_id": "12"})
+    assert [r.id for r in jobs.all_records()] == [old["id"]]
+
+
+# records before the handle: each executor's fields beside the others, null where another executor's
+PREVIOUS_SHAPE = {
+    "local": ({"pid": 4242, "started": "boot/17"}, "pid 4242", None, None),
+    "slurm": ({"slurm_id": "12", "ssh": {"host": "login", "user": "me", "port": 2222, "identity": None}},
+              "Slurm job 12", "12", {"host": "login", "user": "me", "port": 2222, "identity": None}),
+    "ray": ({"ray_address": "http://head:8265"}, "Ray job on http://head:8265", None, None),
+}
+
+
+@pytest.mark.parametrize("name", PREVIOUS_SHAPE)
+def test_a_record_of_the_previous_shape_is_read_into_its_executor_s_handle(home, name):
+    fields, where, scheduler_id, remote = PREVIOUS_SHAPE[name]
+    old = {"id": f"ultra3-pretrain_20260101-000000-{name}", "stage": "pretrain", "config": "tiny", "executor": name,
+           "mode": "detached", "submitted": 1.0, "job_dir": "/jobs/x", "task": "pretrain", "log_glob": "pretrain/log",
+           "profile": None, "slurm_id": None, "pid": None, "started": None, "ssh": None, "ray_address": None,
+           "argv": ["ultra3"], "after": [], "pipe": None} | fields
+    records.registry_dir().mkdir(parents=True)
+    (records.registry_dir() / f"{old['id']}.json").write_text(json.dumps(old))
+
+    record = jobs.find(old["id"])
+    reader = executor(name)
+
+    assert record.handle == fields
+    assert (reader.where(record), reader.scheduler_id(record), reader.remote(record)) == (where, scheduler_id, remote)
+    records.save(record)  # written back in this launcher's shape: the same record
+    assert json.loads((records.registry_dir() / f"{old['id']}.json").read_text())["handle"] == fields
+    assert jobs.find(old["id"]) == record

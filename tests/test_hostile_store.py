@@ -82,17 +82,21 @@ def local_record(home: Path, job_id: str, pid: int | None, started: str | None =
     (job_dir / "pretrain").mkdir(parents=True)
     record = records.JobRecord(id=job_id, stage="pretrain", config="tiny", executor="local", mode="local",
                                submitted=time.time(), job_dir=str(job_dir), task="pretrain",
-                               log_glob="pretrain/log-local.out", pid=pid)
+                               log_glob="pretrain/log-local.out", handle={"pid": pid})
     if started:
-        records.save(record := dataclasses.replace(record, started=started))
+        records.save(record := with_pid(record, pid, started))
     else:
         save_older(record)
     return record
 
 
+def with_pid(record: records.JobRecord, pid: int | None, started: str | None = None) -> records.JobRecord:
+    return dataclasses.replace(record, handle={"pid": pid, "started": started})
+
+
 def save_older(record: records.JobRecord) -> None:
-    """The record as an older launcher wrote it: without the process's start time."""
-    older = {k: v for k, v in dataclasses.asdict(record).items() if k != "started"}
+    """The record as an older launcher wrote it: its pid beside the other fields, no handle, no start time."""
+    older = {k: v for k, v in dataclasses.asdict(record).items() if k != "handle"} | {"pid": record.handle["pid"]}
     records.registry_dir().mkdir(parents=True, exist_ok=True)
     (records.registry_dir() / f"{record.id}.json").write_text(json.dumps(older))
 
@@ -107,12 +111,13 @@ def gone_reason(pid: int) -> str:
 def test_a_job_whose_pid_went_to_another_process_is_gone_and_never_signalled(home, signals, decoy, cli_here):
     job = pretrain_job(overrides=['run.setup=["sleep 60"]'])
     record = executor("local").submit(job, new_job_id(job))
-    signals.mine.add(record.pid)
+    pid, started = record.handle["pid"], record.handle["started"]
+    signals.mine.add(pid)
     records.save(record)
-    assert record.started and jobs.state(record).state == "RUNNING"
-    os.killpg(record.pid, signal.SIGKILL)  # as the OOM killer does: no exit code written
+    assert started and jobs.state(record).state == "RUNNING"
+    os.killpg(pid, signal.SIGKILL)  # as the OOM killer does: no exit code written
     assert wait_for(lambda: jobs.state(record).state == "UNKNOWN", timeout=10), jobs.state(record)
-    records.save(dataclasses.replace(record, pid=decoy.pid))  # the kernel gave the job's pid to another process
+    records.save(with_pid(record, decoy.pid, started))  # the kernel gave the job's pid to another process
 
     st = cli_here("jobs", "status", record.id, prog="nemotron")
     cancel = cli_here("jobs", "cancel", record.id, prog="nemotron")
@@ -141,7 +146,7 @@ def test_an_older_record_of_a_running_job_is_still_cancelled(home, signals, cli_
     script.write_text(f"trap 'echo $? > {record.task_dir}/exit_code' EXIT\ntrap 'exit 143' TERM\nsleep 60\n")
     proc = subprocess.Popen(["bash", str(script)], cwd=record.task_dir, start_new_session=True)
     signals.mine.add(proc.pid)
-    save_older(dataclasses.replace(record, pid=proc.pid))
+    save_older(with_pid(record, proc.pid))
     try:
         running = cli_here("jobs", "status", record.id, prog="nemotron")
         cancel = cli_here("jobs", "cancel", record.id, prog="nemotron")
@@ -175,10 +180,13 @@ DAMAGED_RECORDS = {
     "submitted text": ({"submitted": "yesterday"}, 'submitted is "yesterday", not float'),
     "submitted NaN": ({"submitted": float("nan")}, "submitted is NaN, not float"),
     "submitted infinite": ({"submitted": float("inf")}, "submitted is Infinity, not float"),
-    "pid text": ({"pid": "1"}, 'pid is "1", not int | None'),
-    "pid true": ({"pid": True}, "pid is true, not int | None"),
+    "pid text": ({"handle": {"pid": "1"}}, 'pid is "1", not int | None'),
+    "pid true": ({"handle": {"pid": True}}, "pid is true, not int | None"),
+    "handle text": ({"handle": "pid 1"}, 'handle is "pid 1", not dict[str, object]'),
+    "another executor's handle": ({"handle": {"ssh": {"host": "login"}}},
+                                  "unknown handle field 'ssh' (written by a newer launcher?)"),
+    "no executor of ours": ({"executor": "k8s"}, "executor 'k8s' is none of local, slurm, ray"),
     "job_dir number": ({"job_dir": 5}, "job_dir is 5, not str"),
-    "ssh text": ({"ssh": "host"}, 'ssh is "host", not dict[str, str | int | None] | None'),
     "argv numbers": ({"argv": [1]}, "argv is [1], not list[str]"),
     "no stage": ({"stage": None}, "stage is null, not str"),
     "unknown field": ({"future": 1}, "unknown field 'future' (written by a newer launcher?)"),
@@ -196,7 +204,7 @@ def good_and_bad(home, tmp_path):
 def test_a_damaged_job_record_is_named_and_the_others_still_listed(good_and_bad, case, cli_here):
     good, bad = good_and_bad
     change, why = DAMAGED_RECORDS[case]
-    record = dataclasses.asdict(records.find(good)) | {"id": bad} | change
+    record = dataclasses.asdict(jobs.find(good)) | {"id": bad} | change
     path = records.registry_dir() / f"{bad}.json"
     path.write_text(json.dumps(record))
 
@@ -355,7 +363,7 @@ def test_the_store_read_over_ssh_skips_and_names_what_is_no_manifest_file(two_ch
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
 def test_lineage_never_reads_a_config_yaml_that_is_no_file(two_checkpoints, kind):
-    config = Path(records.find(NEWER).task_dir, "code", "config.yaml")
+    config = Path(jobs.find(NEWER).task_dir, "code", "config.yaml")
     make_hostile(config, kind, "")
 
     good = nemotron("lineage", OLDER)

@@ -399,7 +399,7 @@ def test_state_from_the_job_dir_when_accounting_forgot_the_job(slurm, cli, home)
 
     sub = submit(cli, "--batch", "ci")
     wait_state(cli, sub.id, *TERMINAL)
-    record = records.find(sub.id)
+    record = jobs.find(sub.id)
     real_out = record.task_dir + f"/sbatch_ultra3.pretrain_{sub.slurm_id}.out"
     assert "job exited with code 3" in Path(real_out).read_text()
 
@@ -407,7 +407,7 @@ def test_state_from_the_job_dir_when_accounting_forgot_the_job(slurm, cli, home)
     lost_id = str(int(sub.slurm_id) + 10_000_000)
     assert sacct_states([lost_id]) == {} and lost_id not in squeue_ids()
     shutil.copy(real_out, real_out.replace(f"_{sub.slurm_id}.out", f"_{lost_id}.out"))
-    lost = dataclasses.replace(record, id=f"{record.id}-lost", slurm_id=lost_id)
+    lost = dataclasses.replace(record, id=f"{record.id}-lost", handle={**record.handle, "slurm_id": lost_id})
 
     st = jobs.state(lost)
     assert (st.state, st.exit_code, st.source) == ("FAILED", 3, "job dir"), st
@@ -419,7 +419,8 @@ def test_state_from_the_job_dir_when_accounting_forgot_the_job(slurm, cli, home)
     assert PREFLIGHT.match(shown["reason"]), shown["text"]
 
     # no accounting and no end marker: UNKNOWN, and says why
-    gone = dataclasses.replace(record, id=f"{record.id}-gone", slurm_id=str(int(lost_id) + 1))
+    gone = dataclasses.replace(record, id=f"{record.id}-gone",
+                               handle={**record.handle, "slurm_id": str(int(lost_id) + 1)})
     st = jobs.state(gone)
     assert st.state == "UNKNOWN" and "neither sacct nor squeue" in st.reason, st
 

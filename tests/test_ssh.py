@@ -91,8 +91,8 @@ def test_logs_over_ssh_are_read_from_a_byte_offset(home, sshd, tmp_path):
     first.write_text("one\n")
     record = JobRecord(id="j", stage="pretrain", config="tiny", executor="slurm", mode="detached", submitted=0,
                        job_dir=str(job_dir), task="pretrain", log_glob="pretrain/log-ultra3.pretrain_7_*.out",
-                       slurm_id="7", ssh={"host": "127.0.0.1", "port": PORT, "user": "root",
-                                          "identity": str(sshd / "client")})
+                       handle={"slurm_id": "7", "ssh": {"host": "127.0.0.1", "port": PORT, "user": "root",
+                                                        "identity": str(sshd / "client")}})
     slurm = executor("slurm")
 
     text, offset = slurm.read_log(record, 0)

@@ -23,6 +23,7 @@ from .dotted import get, put
 from .errors import ClusterError
 from .findings import Report, skipped
 from .paths import JOB_DIR_PLACEHOLDER, config_names
+from .ssh import run
 from .stage import Input, Stage
 
 Producers = Callable[[str], list[Stage]]  # the stages that make an artifact kind (ultra3.stages.producers)
@@ -56,8 +57,6 @@ class Store:
         return self._manifests
 
     def _remote(self) -> list[dict]:
-        from .executors.commands import run
-
         done = run(["test", "-d", self.root], self.ssh, timeout=60)
         if done.returncode not in (0, 1):  # 1: no store yet; else ssh itself failed
             raise ClusterError(f"cannot read the artifact store {self.root} on {self.ssh['host']}: "
@@ -115,8 +114,6 @@ def _damaged(path: str, why: str) -> None:
 def read_files(root: str, tests: list[str], ssh: dict | None, limit: int = SMALL_FILE_MAX) -> list[tuple[str, bytes]]:
     """(path, its first `limit` + 1 bytes) of each regular file `find -L ROOT TESTS` lists, on this machine or
     over SSH: FIFOs, devices and links to them are never opened, nor a file read past the limit."""
-    from .executors.commands import run
-
     argv = ["find", "-L", root, *tests, "-type", "f", "-exec", "head", "-v", "-c", str(limit + 1), "{}", "+"]
     out = run(argv, ssh, timeout=300, text=False).stdout
     parts = re.split(rb"(?:^|\n)==> (.*) <==\n", out)  # head's header before each file, a newline between two

@@ -12,7 +12,7 @@ from .contract import NAME
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .dotted import get, put
 from .errors import InvalidConfig, UserError
-from .executors.commands import ssh_of
+from .ssh import ssh_of
 from .findings import Report
 from .gpus import visible_gpu_count
 from .nvidia_keys import read_as_ours
@@ -61,7 +61,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
             report.error(section, f"must be a table of keys, got {flat.pop(section)!r} (set in {origin[section]})")
     _job_shape(executor, flat, origin, report)
     flat.update({"job.stage": stage.name, "job.launch": stage.launch, "job.recipe": f"recipes.{stage.recipe}",
-                 "job.executor": executor, "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
+                 "job.executor": executor, "job.runs_here": executors.executor(executor).runs_here,
+                 "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
                  "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
                  "job.profile": profile.name if profile else None, "job.checks": list(stage.checks)})
     tree = unflatten(flat)
@@ -71,8 +72,9 @@ def compile_job(stage: Stage, options: Options) -> Job:
 
     # a stage config may carry keys for other executors (run.time is for Slurm); only an explicit
     # override of such a key is an error
+    reads = executors.executor(executor).keys
     run = {k: v for k, v in (tree.get("run") or {}).items()
-           if k in schemas.run_schema(executor) or k not in schemas.RUN_KEYS or _set_by_user(f"run.{k}", origin)}
+           if k in reads or not executors.readers(k) or _set_by_user(f"run.{k}", origin)}
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
                   {**{k: v for k, v in stage.schema().items() if k != "run"}, "cluster": CLUSTER}, report, origin)

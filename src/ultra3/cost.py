@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 
 from .dotted import get
-from .validation import params as P
-from .validation._common import fmt_count, number, pos_int, precision, slurm_seconds
+from . import model_params as P
+from .model_math import fmt_count, number, pos_int, precision, slurm_seconds
 
 # Dense (no sparsity) tensor-core peak per GPU, TFLOP/s. BF16 and FP8: the datasheet values of field.md §3.4.
 # NVFP4: NVIDIA's datasheets: HGX B200 144 PFLOP/s sparse FP4 over 8 GPUs, GB200 NVL72 1,440 sparse over 72,

@@ -11,7 +11,7 @@ import struct
 from .cost import Estimate, _bytes, _from_measured, _stage, _unknown
 from .dotted import get
 from .paths import RECIPES_DIR
-from .validation._common import fmt_count, pos_int
+from .model_math import fmt_count, pos_int
 
 # Data prep, tokens/s per core. Text: the pipeline's steady state with one worker and a 131k-token vocabulary,
 # 10.53-10.59 M tokens/s (docs/data_prep.md, benchmarks/data_prep_pretrain.py); with `encoder: tokenizers`,
@@ -121,7 +121,7 @@ def _cores(config: dict) -> tuple[int | None, str]:
     workers = pos_int(config.get("workers"))
     if workers:
         return workers * (pos_int(config.get("cpus_per_task")) or 1), "workers x cpus_per_task"
-    if get(config, "job.executor") == "local":
+    if get(config, "job.runs_here"):
         return len(os.sched_getaffinity(0)), "this machine"
     per_node = pos_int(get(config, "run.cpus_per_task"))
     if per_node:

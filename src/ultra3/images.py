@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import CLI_SOURCE, find_config, flatten, load_layers, merge, resolve, unflatten
 from .contract import SMALL_FILE_MAX, read_small, small_text
-from .executors.commands import run, ssh_of
+from .ssh import run, ssh_of
 from .forms import IMAGE
 from .gpus import GPU_TYPES
 from .paths import CONFIGS_DIR, nemorun_home

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .artifacts import Source, Store
     from .config import Layer
     from .findings import Report
-    from .profiles import Profile
+    from .profile import Profile
     from .stage import Stage
 
 Mode = Literal["local", "attached", "detached"]

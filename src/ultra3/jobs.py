@@ -6,9 +6,35 @@ from __future__ import annotations
 import re
 import time
 
+from . import records
 from .contract import PREFLIGHT_MARK
-from .executors import executor, for_record
-from .records import JobRecord, State
+from .errors import UserError
+from .executors import NAMES, executor, for_record
+from .records import JobRecord, State, handle_problem
+
+
+def all_records() -> list[JobRecord]:
+    """The registry, newest first; a record whose handle its executor cannot read is named on stderr and skipped."""
+    return records.all_records(_handle_problem)
+
+
+def _handle_problem(record: JobRecord) -> str | None:
+    if record.executor not in NAMES:
+        return f"executor {record.executor!r} is none of {', '.join(NAMES)}"
+    return handle_problem(record.handle, executor(record.executor).handle_types)
+
+
+def find(ref: str) -> JobRecord:
+    """A job id, its scheduler's id (a Slurm job id), or a unique prefix of a job id."""
+    known = all_records()
+    exact = [r for r in known if ref in (r.id, for_record(r).scheduler_id(r))]
+    matches = exact or [r for r in known if r.id.startswith(ref) or r.id.split("_", 1)[-1].startswith(ref)]
+    if not matches:
+        raise UserError(f"no job '{ref}' in {records.registry_dir()}; see `nemotron jobs list`")
+    if len(matches) > 1:
+        raise UserError(f"'{ref}' matches {len(matches)} jobs ({', '.join(r.id for r in matches[:4])}...); "
+                        "give more of the id")
+    return matches[0]
 
 
 def states(records: list[JobRecord]) -> dict[str, State]:

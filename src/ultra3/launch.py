@@ -17,13 +17,12 @@ def launch(job: Job) -> None:
 
     for finding in job.report.findings:
         print(finding.line(), file=sys.stderr)
-    record = executor(job.executor).submit(job, new_job_id(job))
+    where = executor(job.executor)
+    record = where.submit(job, new_job_id(job))
     record.submitted = time.time()
     record.argv = sys.argv
     records.save(record)
-    where = (f"Slurm job {record.slurm_id}" if record.slurm_id else f"Ray job on {record.ray_address}"
-             if record.ray_address else f"pid {record.pid}")
-    print(f"submitted {record.id} ({where})\njob dir: {record.job_dir}", flush=True)
+    print(f"submitted {record.id} ({where.where(record)})\njob dir: {record.job_dir}", flush=True)
     if job.mode == "detached":
         _next_commands(record)
         return

@@ -10,6 +10,7 @@ import yaml
 
 from .artifacts import Store, read_files
 from .contract import SMALL_FILE_MAX, small_text
+from .executors import for_record
 from .records import JobRecord
 
 CONFIG_MAX = 16 * SMALL_FILE_MAX  # bytes of a job's config.yaml
@@ -20,7 +21,8 @@ def job_config(record: JobRecord) -> dict:
     from .errors import ClusterError
 
     try:
-        found = read_files(f"{record.task_dir}/code/config.yaml", ["-maxdepth", "0"], record.ssh, CONFIG_MAX)
+        found = read_files(f"{record.task_dir}/code/config.yaml", ["-maxdepth", "0"], for_record(record).remote(record),
+                           CONFIG_MAX)
         config = yaml.safe_load(small_text(found[0][1], CONFIG_MAX)) if found else None
     except (ClusterError, ValueError, yaml.YAMLError):
         return {}
@@ -34,7 +36,7 @@ def print_lineage(record: JobRecord, out: TextIO | None = None) -> None:
         out.write(f"{record.id}: its job dir holds no artifact record (submitted before artifacts, or not "
                   "readable from here)\n")
         return
-    store = Store(job["artifacts_root"], record.ssh)
+    store = Store(job["artifacts_root"], for_record(record).remote(record))
     out.write(f"{record.id}  ({record.stage} -c {record.config})\n")
     made = _made_by(store, record.id)
     inputs = (made[0].get("inputs") or []) if made else [i for i in job.get("inputs") or [] if i.get("path")]

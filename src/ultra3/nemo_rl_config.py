@@ -20,7 +20,7 @@ from .job import OUTPUTS_PLACEHOLDER, Job
 from .paths import JOB_DIR_PLACEHOLDER
 from .config import flatten
 from .nemo_rl_api import TEACHER_ROLES
-from .validation._common import slurm_seconds
+from .model_math import slurm_seconds
 
 # Where a judge's model and endpoint go in NeMo Gym's config (a recipe declares the judges it uses)
 JUDGES = {

@@ -18,8 +18,8 @@ import fnmatch
 from dataclasses import dataclass
 
 from .dotted import get
-from .validation._common import PATTERN_SYMBOLS, Precision, bf16_layer_counts, pos_int, precision
-from .validation.params import layer_types
+from .model_math import PATTERN_SYMBOLS, Precision, bf16_layer_counts, pos_int, precision
+from .model_params import layer_types
 
 BF16_MODULES = "precision.bf16_modules"
 

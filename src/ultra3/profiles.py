@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,8 @@ from .limits import MAX_DEPTH, MAX_DIGITS, TOO_DEEP, TOO_LONG
 from .errors import UserError
 from .findings import Finding, Report
 from .nvidia_profile import translate
-from .schema import CLUSTER, EXECUTORS, RUN_KEYS, check, run_schema, suggest
+from .profile import Profile
+from .schema import CLUSTER, check, suggest
 
 ENV_FILE_VAR = "NEMOTRON_ENV_FILE"
 # TOKEN but not TOKENIZER(S_PARALLELISM): the tokenizer is a model name, not a secret
@@ -33,23 +33,6 @@ UNUSED_TABLES = {"cli": "NVIDIA's CLI colours its dry run with it; ultra3 prints
 # (model.moe_token_dispatcher_type, TOKENIZERS_PARALLELISM) nor a tokenizer's special token (pad_token, eos_token)
 SECRET_NAME = re.compile(r"((?<!(?:PAD|EOS|BOS|UNK|SEP|CLS)_)(?<!MASK_)TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY"
                          r"|CREDENTIALS?)$", re.I)
-
-
-@dataclass
-class Profile:
-    name: str
-    executor: str
-    values: dict[str, Any]  # run.* keys, without `executor` and `extends`
-    file: Path
-    artifacts_root: str | None = None  # [artifacts] manifest.root of its env.toml
-    stage_values: dict[str, Any] = field(default_factory=dict)  # stage keys it sets (RL's sandbox, [wandb]), dotted
-    notes: list[Finding] = field(default_factory=list)  # NVIDIA's CLI keys read under our names, warnings
-    errors: list[Finding] = field(default_factory=list)  # its bad keys (left out of values), reported with the
-    # stage config's errors in one round
-
-    @property
-    def source(self) -> str:
-        return f"profile '{self.name}' ({self.file.name})"
 
 
 def find_env_file(explicit: str | None = None) -> Path | None:
@@ -130,9 +113,11 @@ def load_profile(name: str, env_file: str | None = None, flag: str = "--run") ->
                         f"(profiles: {', '.join(sorted(n for n in profiles if n not in RESERVED)) or 'none'})")
     values = _inherit(name, profiles, path, flag, ())
     executor = values.pop("executor", None)
-    if executor not in EXECUTORS:
+    from .executors import NAMES  # not for --help, which lists the profiles only
+
+    if executor not in NAMES:
         got = f"'{executor}'" if executor else "none"
-        choices = " or ".join(f'"{e}"' for e in EXECUTORS)
+        choices = " or ".join(f'"{e}"' for e in NAMES)
         raise UserError(f"{path} [{name}]: executor is {got}; set executor = {choices}")
     report = Report()
     values = _env_placeholders(values, path, name)
@@ -206,18 +191,19 @@ def artifacts_root(tables: dict[str, Any], path: Path) -> str | None:
 
 def check_run_keys(values: dict[str, Any], executor: str, report: Report, origin: dict[str, str],
                    prefix: str = "", extra: dict[str, Any] | None = None) -> None:
-    """Unknown keys, wrong types, and keys of another executor (run.account on the local executor)."""
-    schema = {**run_schema(executor), **(extra or {})}
+    """Unknown keys, wrong types, and keys of another executor (run.account on the local executor), against the
+    keys the executor declares."""
+    from .executors import executor as named, readers
+
+    schema = {**named(executor).keys, **(extra or {})}
     misplaced = {k for k in values if k in CLUSTER and k not in schema}
-    check({k: v for k, v in values.items() if (k not in RUN_KEYS or k in schema) and k not in misplaced},
-          schema, report, origin, prefix)
+    others = {k: users for k in values if k not in schema and k not in misplaced and (users := readers(k))}
+    check({k: v for k, v in values.items() if k not in others and k not in misplaced}, schema, report, origin, prefix)
     for key in misplaced:  # run.gpu on the command line: the cluster facts live in cluster.*
         report.error(f"{prefix}{key}", f"unknown key; the machines are described by cluster.{key}")
-    for key in values:
-        if key in RUN_KEYS and key not in schema:
-            users = " and ".join(RUN_KEYS[key][1])
-            report.error(f"{prefix}{key}", f"is only used by the {users} executor, not {executor}; remove it "
-                                           "or pick a profile with --run/--batch")
+    for key, users in others.items():
+        report.error(f"{prefix}{key}", f"is only used by the {' and '.join(users)} executor, not {executor}; remove "
+                                       "it or pick a profile with --run/--batch")
 
 
 def _inherit(name: str, profiles: dict, path: Path, flag: str, chain: tuple[str, ...]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from .errors import UserError
 from .findings import skipped
 from .paths import state_home
 
+# a record of an older launcher had these fields of its executor's beside the others: they are its handle's
+OLD_HANDLE = ("slurm_id", "pid", "started", "ssh", "ray_address")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}
 
@@ -33,11 +35,9 @@ class JobRecord:
     task: str
     log_glob: str  # the job's log file(s), relative to job_dir
     profile: str | None = None
-    slurm_id: str | None = None
-    pid: int | None = None  # local runs
-    started: str | None = None  # local runs: "<boot id>/<start time>" of pid, so a later process of that pid is not it
-    ssh: dict[str, str | int | None] | None = None  # host, user, port, identity for SSH submissions
-    ray_address: str | None = None  # the Ray cluster of an `executor = "ray"` job
+    # what its executor finds the job by, in the executor's own fields (Executor.handle_types): Slurm's job id
+    # and SSH settings, a local process's pid and start time, a Ray cluster's address and submission id
+    handle: dict[str, object] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)
     after: list[str] = field(default_factory=list)  # ids of the jobs it waits for (Slurm afterok)
     pipe: str | None = None  # the pipe run it belongs to
@@ -45,6 +45,9 @@ class JobRecord:
     @property
     def task_dir(self) -> str:
         return f"{self.job_dir}/{self.task}"
+
+
+Checker = Callable[[JobRecord], "str | None"]  # what is wrong with a record beyond its fields' types
 
 
 @dataclass
@@ -81,7 +84,7 @@ def save(record: JobRecord) -> None:
     tmp.replace(path)
 
 
-def _read(path: Path) -> JobRecord | None:
+def _read(path: Path, check: Checker | None = None) -> JobRecord | None:
     try:
         data = read_json(str(path))
     except FileNotFoundError:
@@ -89,10 +92,23 @@ def _read(path: Path) -> JobRecord | None:
     except (OSError, ValueError) as e:
         skipped(str(path), "job record", str(e))
         return None
-    if why := _problem(data):
+    if why := _problem(data := _upgraded(data)):
         skipped(str(path), "job record", why)
         return None
-    return JobRecord(**data)
+    record = JobRecord(**data)
+    if check and (why := check(record)):
+        skipped(str(path), "job record", why)
+        return None
+    return record
+
+
+def _upgraded(data: object) -> object:
+    """A record of an older launcher in this one's shape: its executor's fields moved into the handle (unset
+    ones left out)."""
+    if not isinstance(data, dict) or "handle" in data:
+        return data
+    rest = {k: v for k, v in data.items() if k not in OLD_HANDLE}
+    return {**rest, "handle": {k: v for k, v in data.items() if k in OLD_HANDLE and v is not None}}
 
 
 def _problem(data: object) -> str | None:
@@ -130,6 +146,17 @@ def _check(hint: object) -> Callable[[object], bool]:
     return lambda v: isinstance(v, hint) and not (isinstance(v, bool) and hint is int)
 
 
+def handle_problem(handle: dict[str, object], types: dict[str, object]) -> str | None:
+    """What keeps a record's handle from being one its executor reads: `types` maps each of its fields to its type."""
+    for name, value in handle.items():
+        if name not in types:
+            return f"unknown handle field {name!r} (written by a newer launcher?)"
+        if not _check(types[name])(value):
+            hint = types[name]
+            return f"{name} is {json.dumps(value)[:40]}, not {hint.__name__ if isinstance(hint, type) else hint}"
+    return None
+
+
 def _finite(number: int | float) -> bool:
     try:
         return math.isfinite(number)
@@ -141,19 +168,7 @@ def load(job_id: str) -> JobRecord | None:
     return _read(registry_dir() / f"{job_id}.json")
 
 
-def all_records() -> list[JobRecord]:
-    records = [r for r in map(_read, registry_dir().glob("*.json")) if r]
+def all_records(check: Checker | None = None) -> list[JobRecord]:
+    """Every readable record, newest first; `check` (what its executor finds wrong with it) skips more."""
+    records = [r for r in (_read(path, check) for path in registry_dir().glob("*.json")) if r]
     return sorted(records, key=lambda r: r.submitted, reverse=True)
-
-
-def find(ref: str) -> JobRecord:
-    """A job id, a Slurm job id, or a unique prefix of a job id."""
-    records = all_records()
-    exact = [r for r in records if ref in (r.id, r.slurm_id)]
-    matches = exact or [r for r in records if r.id.startswith(ref) or r.id.split("_", 1)[-1].startswith(ref)]
-    if not matches:
-        raise UserError(f"no job '{ref}' in {registry_dir()}; see `nemotron jobs list`")
-    if len(matches) > 1:
-        raise UserError(f"'{ref}' matches {len(matches)} jobs ({', '.join(r.id for r in matches[:4])}...); "
-                        "give more of the id")
-    return matches[0]

@@ -15,8 +15,7 @@ from typing import Any
 from . import megatron_api
 from .nemo_rl_api import TEACHER_ROLES
 from .findings import Report
-from .forms import (ENV, HOST, IMAGE, INT64, JOB_NAME, MOUNT, PORT, RAY_ADDRESS, SAFE_PATH, SLURM_MEM, SLURM_TIME, USER,
-                    Count, EnvTable, Text)
+from .forms import ENV, INT64, PORT, Count, EnvTable, Text
 
 Schema = dict[str, Any]
 
@@ -39,43 +38,9 @@ class ImagesTable:
 
 IMAGES = ImagesTable()
 
-# The job's shape and executor settings: the `run` section of every stage, fed by the stage config,
-# the env.toml profile and the command line. The tuple lists which executors read the key.
-RUN_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "nodes": (Count(1), ("local", "slurm")),
-    "gpus_per_node": (Count(0), ("local", "slurm")),
-    "cpus_per_task": (Count(1), ("slurm",)),
-    "env": (ENV, ("local", "slurm", "ray")),
-    "setup": (list[str], ("local", "slurm")),
-    "time": (SLURM_TIME, ("slurm",)),
-    "container_image": (IMAGE, ("slurm",)),  # a .sqsh, an image reference, "" for none, or an image kind
-    "images": (IMAGES, ("slurm", "local")),  # per image kind, the pins a profile overrides
-    "mounts": (list[MOUNT], ("slurm",)),
-    "account": (str, ("slurm",)),
-    "partition": (str, ("slurm",)),
-    "qos": (str, ("slurm",)),
-    "mem": (SLURM_MEM, ("slurm",)),
-    "exclusive": (bool, ("slurm",)),
-    "constraint": (str, ("slurm",)),
-    "reservation": (str, ("slurm",)),
-    "segment": (Count(1), ("slurm",)),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
-    "job_name_prefix": (JOB_NAME, ("slurm",)),
-    "host": (HOST, ("slurm",)),
-    "user": (USER, ("slurm",)),
-    "port": (PORT, ("slurm",)),
-    "identity": (str, ("slurm",)),
-    "job_dir": (SAFE_PATH, ("slurm",)),
-    "address": (RAY_ADDRESS, ("ray",)),  # an existing Ray cluster's dashboard (Jobs API), e.g. http://head:8265
-}
-EXECUTORS = ("local", "slurm", "ray")
-
 # What the machines are, as a profile describes them (the `cluster` section): validation checks the
 # job's shape (run.nodes x run.gpus_per_node) against it.
 CLUSTER: Schema = {"gpu": str, "gpus_per_node": Count(0), "nvlink_domain_size": Count(1)}
-
-
-def run_schema(executor: str) -> Schema:
-    return {k: t for k, (t, used_by) in RUN_KEYS.items() if executor in used_by}
 
 
 # Our own keys of the `dataset` section: the runtime turns them into Megatron-Bridge's dataset config.
@@ -90,7 +55,7 @@ DATASET_KEYS: Schema = {
 _MB = megatron_api.container_sections()
 
 TRAINING: Schema = {
-    "run": None,  # filled per executor by the caller
+    "run": None,  # the executor's keys (executors.base.Executor.keys), checked by the caller
     "recipe": {"hf_model": str, "hf_revision": str, "pretrained_checkpoint": str, "allow_random_init": bool},
     "mixed_precision": str,
     # Transformer Engine NVFP4 knobs (exported as NVTE_NVFP4_* env vars) and the module paths kept in BF16

@@ -7,6 +7,7 @@ import time
 
 from .. import jobs, records
 from ..errors import LauncherError, UserError
+from ..executors import for_record
 from ..pipe_records import find_pipe
 
 
@@ -16,7 +17,7 @@ def _age(ts: float) -> str:
 
 
 def list_jobs(limit: int) -> None:
-    shown = records.all_records()[:limit]
+    shown = jobs.all_records()[:limit]
     if not shown:
         print(f"no jobs yet (registry: {records.registry_dir()})")
         return
@@ -26,7 +27,8 @@ def list_jobs(limit: int) -> None:
         st = states.get(r.id, records.State("UNKNOWN"))
         where = r.profile or "local"
         stage = r.stage.replace(" ", "-")  # one word per column
-        rows.append((r.id, stage, r.config, where, r.slurm_id or "-", st.label, _age(r.submitted)))
+        rows.append((r.id, stage, r.config, where, for_record(r).scheduler_id(r) or "-", st.label,
+                     _age(r.submitted)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -36,7 +38,7 @@ def _newest_or(ref: str | None) -> str:
     """No id: the newest job, said on stderr so the output stays the job's."""
     if ref:
         return ref
-    newest = records.all_records()[:1]
+    newest = jobs.all_records()[:1]
     if not newest:
         raise UserError(f"no jobs yet (registry: {records.registry_dir()}); submit one, e.g. ultra3 pretrain -c tiny")
     print(f"(the newest job: {newest[0].id})", file=sys.stderr)
@@ -47,7 +49,7 @@ def show_status(ref: str | None) -> None:
     ref = _newest_or(ref)
     if pipe := _pipe(ref):
         return _pipe_status(pipe)
-    r = records.find(ref)
+    r = jobs.find(ref)
     st = jobs.state(r)
     print(f"job:       {r.id}")
     print(f"stage:     {r.stage} (config {r.config}, {r.profile or 'local'}, {r.mode})")
@@ -55,15 +57,16 @@ def show_status(ref: str | None) -> None:
           f"{f' [{st.source}]' if st.source else ''}")
     if st.reason and not st.upstream:
         print(f"reason:    {st.reason}")
-    if r.slurm_id:
-        print(f"slurm id:  {r.slurm_id}")
-    host = f" on {r.ssh['host']}" if r.ssh else ""
+    where = for_record(r)
+    if scheduler_id := where.scheduler_id(r):
+        print(f"slurm id:  {scheduler_id}")
+    host = f" on {remote['host']}" if (remote := where.remote(r)) else ""
     print(f"job dir:   {r.job_dir}{host}")
-    print(f"log:       {'the Ray Jobs API (nemotron jobs logs)' if r.ray_address else f'{r.job_dir}/{r.log_glob}'}")
+    print(f"log:       {where.log_at(r)}")
 
 
 def show_logs(ref: str | None, follow: bool) -> None:
-    r = records.find(_newest_or(ref))
+    r = jobs.find(_newest_or(ref))
     if follow:
         jobs.follow(r, sys.stdout)
         return
@@ -71,7 +74,8 @@ def show_logs(ref: str | None, follow: bool) -> None:
     sys.stdout.write(text)
     if not text:  # pending, or still in its setup lines (which write to the batch output, not the job's log)
         st = jobs.state(r)
-        where = f"; the batch script's own output is {r.task_dir}/sbatch_*_{r.slurm_id}.out" if r.slurm_id else ""
+        setup = for_record(r).setup_output(r)
+        where = f"; the batch script's own output is {setup}" if setup else ""
         print(f"(the job ended {st.state} before writing a log{where})" if st.done else
               f"(no log yet: the job is {st.state}{where}; `nemotron jobs logs {r.id} -f` waits for it)",
               file=sys.stderr)
@@ -86,13 +90,14 @@ def cancel_job(ref: str) -> None:
             except LauncherError as e:
                 print(f"not cancelled: {e}")
         return
-    r = records.find(ref)
+    r = jobs.find(ref)
     before = jobs.state(r)
     if before.done:
         print(f"{r.id} already ended: {before.state}")
         return
     jobs.cancel(r)
-    print(f"cancelled {r.id}{f' (Slurm job {r.slurm_id})' if r.slurm_id else ''}")
+    where = for_record(r)
+    print(f"cancelled {r.id}{f' ({where.where(r)})' if where.scheduler_id(r) else ''}")
 
 
 def _pipe(ref: str) -> dict | None:
@@ -100,7 +105,7 @@ def _pipe(ref: str) -> dict | None:
 
 
 def _pipe_status(pipe: dict) -> None:
-    steps = [(step, records.find(step["job"])) for step in pipe["steps"]]
+    steps = [(step, jobs.find(step["job"])) for step in pipe["steps"]]
     states = jobs.states([r for _, r in steps])
     print(f"pipe:      {pipe['id']} ({pipe['config']})")
     width = max(len(step["id"]) for step, _ in steps)
@@ -112,4 +117,4 @@ def _pipe_status(pipe: dict) -> None:
 def show_lineage(ref: str) -> None:
     from ..lineage import print_lineage
 
-    print_lineage(records.find(ref))
+    print_lineage(jobs.find(ref))

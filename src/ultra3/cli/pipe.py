@@ -278,13 +278,16 @@ def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
 
 def _submit_chain(pipe_id: str, path: Path, todo: list[Step], options: PipeOptions) -> None:
     from .. import jobs
+    from ..executors import executor
 
     records: dict[str, Any] = {}
     try:
         for step in todo:
             record = _submit(step, pipe_id, records)
-            waits = f", after {', '.join(records[s.entry.id].slurm_id for s in step.after)}" if step.after else ""
-            print(f"{step.entry.id}: submitted {record.id} (Slurm job {record.slurm_id}{waits})", flush=True)
+            where = executor(record.executor)
+            waits = ", ".join(str(where.scheduler_id(records[s.entry.id])) for s in step.after)
+            print(f"{step.entry.id}: submitted {record.id} ({where.where(record)}{f', after {waits}' if waits else ''})",
+                  flush=True)
     finally:
         _save_pipe(pipe_id, path, todo, records)
     if options.mode == "detached":

@@ -30,5 +30,10 @@ def executor(name: str) -> Executor:
     raise UserError(f"unknown executor '{name}'; choose one of: {', '.join(NAMES)}")
 
 
+def readers(key: str) -> list[str]:
+    """The executors that read `run.<key>` (this imports every executor's module)."""
+    return [name for name in NAMES if key in executor(name).keys]
+
+
 def for_record(record: JobRecord) -> Executor:
     return executor(record.executor)

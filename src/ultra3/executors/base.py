@@ -8,18 +8,33 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from ..forms import ENV, Count
 from ..paths import nemorun_home
 from ..records import JobRecord, State
+from ..schema import IMAGES, Schema
 
 if TYPE_CHECKING:
     from ..job import Job
     from ..findings import Report
-    from ..profiles import Profile
+    from ..profile import Profile
     from ..stage import Stage
+
+
+# The `run.*` keys of a job this launcher sizes and starts on nodes (local runs, Slurm), not a cluster's own
+# scheduler (Ray): its shape and the lines run before it.
+NODE_KEYS: Schema = {
+    "nodes": Count(1),
+    "gpus_per_node": Count(0),
+    "setup": list[str],
+    "images": IMAGES,  # per image kind, the pins a profile overrides
+}
 
 
 class Executor(ABC):
     name: str
+    # The `run.*` keys it reads, with their types: its profile and the stage config's `run` section are checked
+    # against them (a key another executor reads is an error only where the user set it).
+    keys: Schema = {"env": ENV}
     # True where the scheduler enforces a chain's order, so a pipeline submits all its stages at once;
     # False where a pipeline runs them one after another.
     chains: bool
@@ -28,6 +43,7 @@ class Executor(ABC):
     poll_s = 1.0  # how often a followed job's state and log are read
     settle_s = 1.0  # how long its log may still grow after its state says it ended (a shared file system's lag)
     shown_as: str  # the dry run's title for what render() returns
+    handle_types: dict[str, object] = {}  # the fields of its jobs' handle (JobRecord.handle), with their types
 
     @abstractmethod
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
@@ -65,6 +81,27 @@ class Executor(ABC):
     def new_record(self, job: Job, job_id: str, **values: Any) -> JobRecord:
         return JobRecord(id=job_id, stage=job.stage.name, config=job.options.config, executor=self.name,
                          mode=job.mode, submitted=0, profile=job.profile.name if job.profile else None, **values)
+
+    # -- what the `jobs` commands show of a record, from its handle --------------------------------------------
+
+    @abstractmethod
+    def where(self, record: JobRecord) -> str:
+        """What runs the job, as `submitted <id> (...)` says it: `Slurm job 59`, `pid 4242`."""
+
+    def scheduler_id(self, record: JobRecord) -> str | None:
+        """The id its scheduler knows the job by, which the `jobs` commands take too; None where it has none."""
+        return None
+
+    def remote(self, record: JobRecord) -> dict | None:
+        """The SSH settings of the machine that holds the job dir; None: this one."""
+        return None
+
+    def log_at(self, record: JobRecord) -> str:
+        return f"{record.job_dir}/{record.log_glob}"
+
+    def setup_output(self, record: JobRecord) -> str | None:
+        """Where the job's output before its log (its setup lines) goes, where that is a file of its own."""
+        return None
 
     def shown_dir(self, job: Job, job_id: str | None) -> str:
         """The job dir for an id; in a dry run (no id yet) the compiled config's placeholder."""

@@ -16,12 +16,12 @@ from ..findings import skipped
 from ..jobprep.jobdir import write_code_dir
 from ..jobprep.plan import local_command, task_name
 from ..records import JobRecord, State
-from .base import Executor, home_artifacts, home_job_dir, local_files, read_from
+from .base import NODE_KEYS, Executor, home_artifacts, home_job_dir, local_files, read_from
 
 if TYPE_CHECKING:
     from ..job import Job
     from ..findings import Report
-    from ..profiles import Profile
+    from ..profile import Profile
     from ..stage import Stage
 
 LOG = "log-local.out"
@@ -32,11 +32,15 @@ CANCEL_GRACE_S = 5.0  # how long a cancelled job has to stop on SIGTERM
 
 class Local(Executor):
     name = "local"
+    keys = {**Executor.keys, **NODE_KEYS}
     chains = False
     runs_here = True
     poll_s = 0.1  # a file and a pid to look at
     settle_s = 0.0  # the exit code is written after the job's output is closed
     shown_as = "local command"
+    # pid: the job's process (its group's leader); started: that process's `<boot id>/<start time>`, so a later
+    # process given the same pid is not taken for it (records of older launchers have none)
+    handle_types = {"pid": int | None, "started": str | None}
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
         nodes = run.get("nodes") or 1
@@ -68,8 +72,11 @@ class Local(Executor):
         # The job's own process group, so cancel stops everything it started.
         proc = subprocess.Popen(["bash", str(script)], cwd=code, env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return self.new_record(job, job_id, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}", pid=proc.pid,
-                               started=_started(proc.pid))  # not reaped yet: still the job's own pid
+        return self.new_record(job, job_id, job_dir=str(exp_dir), task=task, log_glob=f"{task}/{LOG}",
+                               handle={"pid": proc.pid, "started": _started(proc.pid)})  # not reaped: still its pid
+
+    def where(self, record: JobRecord) -> str:
+        return f"pid {_pid(record)}"
 
     def states(self, records: list[JobRecord]) -> dict[str, State]:
         return {r.id: _state(r) for r in records}
@@ -84,13 +91,13 @@ class Local(Executor):
         if not _is_job(record):
             st = _state(record)
             raise ClusterError(f"{record.id} not cancelled: {f'it ended {st.state}' if st.done else st.reason}")
-        os.killpg(record.pid, signal.SIGTERM)
+        os.killpg(_pid(record), signal.SIGTERM)
         deadline = time.time() + CANCEL_GRACE_S
         while _is_job(record) and time.time() < deadline:
             time.sleep(0.2)
         if _is_job(record):
             try:
-                os.killpg(record.pid, signal.SIGKILL)
+                os.killpg(_pid(record), signal.SIGKILL)
             except ProcessLookupError:
                 return
             exit_file = Path(record.task_dir) / "exit_code"
@@ -118,7 +125,7 @@ def _state(record: JobRecord) -> State:
         return State("CANCELLED" if code in CANCEL_CODES else "FAILED", code, "", "job dir")
     if alive:
         return State("RUNNING", None, "", "process")
-    return State("UNKNOWN", None, f"its process (pid {record.pid}) is gone and left no exit code: killed (SIGKILL, "
+    return State("UNKNOWN", None, f"its process (pid {_pid(record)}) is gone and left no exit code: killed (SIGKILL, "
                                   "out of memory) or the machine restarted", "")
 
 
@@ -142,16 +149,21 @@ def _is_job(record: JobRecord) -> bool:
     """Whether the record's pid is still the job's process: alive, the leader of its own session, and started
     when the job was. A record of an older launcher has no start time: the process must run the job's script
     (`bash <task dir>/job.sh`, a path that holds the job id)."""
-    stat = _stat(record.pid) if record.pid else None
-    if stat is None or stat[0] == "Z" or not stat[2] == stat[3] == str(record.pid):
+    pid, started = _pid(record), record.handle.get("started")
+    stat = _stat(pid) if pid else None
+    if stat is None or stat[0] == "Z" or not stat[2] == stat[3] == str(pid):
         return False
-    if record.started:
-        return record.started == _started(record.pid)
+    if started:
+        return started == _started(pid)
     try:
-        with open(f"/proc/{record.pid}/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read(64 * 1024) == f"bash\0{Path(record.task_dir, SCRIPT)}\0".encode()
     except OSError:
         return False
+
+
+def _pid(record: JobRecord) -> int | None:
+    return record.handle.get("pid")  # type: ignore[return-value]  # an int: checked when the record was read
 
 
 def _stat(pid: int) -> list[str] | None:

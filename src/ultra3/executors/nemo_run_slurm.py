@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..contract import CONFIG_FILE, ENTRY_MODULE
 from ..jobprep.jobdir import write_code_dir
-from .commands import scheduler_timeout, ssh_of
+from ..ssh import scheduler_timeout, ssh_of
 from ..jobprep.plan import SlurmSpec, slurm_spec
 from ..paths import nemorun_home
 from .sbatch import chain_parameters

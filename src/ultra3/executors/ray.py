@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ClusterError
+from ..forms import RAY_ADDRESS
 from ..jobprep.jobdir import write_code_dir
 from ..jobprep.plan import job_command, task_name
 from ..records import JobRecord, State
@@ -22,7 +23,7 @@ from .base import Executor, decode, home_artifacts, home_job_dir, profile_at
 if TYPE_CHECKING:
     from ..job import Job
     from ..findings import Report
-    from ..profiles import Profile
+    from ..profile import Profile
     from ..stage import Stage
 
 RAY_STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", "FAILED": "FAILED",
@@ -46,8 +47,11 @@ def client(address: str):
 
 class Ray(Executor):
     name = "ray"
+    keys = {**Executor.keys, "address": RAY_ADDRESS}  # the cluster's dashboard (Jobs API), e.g. http://head:8265
     chains = False
     shown_as = "Ray job (Jobs API)"
+    # the cluster's Jobs API, and the job's id there (records of older launchers have none: the job id it was)
+    handle_types = {"ray_address": str | None, "submission_id": str | None}
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
         if stage.launch != "ray":
@@ -91,7 +95,13 @@ class Ray(Executor):
                     raise ClusterError(f"the Ray cluster at {run['address']} refused the job: {message}") from None
                 time.sleep(2)
         return self.new_record(job, job_id, job_dir=str(exp_dir), task=task, log_glob="",
-                               ray_address=run["address"])
+                               handle={"ray_address": run["address"], "submission_id": job_id})
+
+    def where(self, record: JobRecord) -> str:
+        return f"Ray job on {_address(record)}"
+
+    def log_at(self, record: JobRecord) -> str:
+        return "the Ray Jobs API (nemotron jobs logs)"
 
     def states(self, records: list[JobRecord]) -> dict[str, State]:
         return {r.id: _state(r) for r in records}
@@ -99,18 +109,18 @@ class Ray(Executor):
     def read_log(self, record: JobRecord, offset: int) -> tuple[str, int]:
         # The Jobs API returns the whole log on every call: only the part after `offset` is new.
         try:
-            text = client(record.ray_address).get_job_logs(record.id)
+            text = client(_address(record)).get_job_logs(_submission(record))
         except Exception:  # unreachable cluster or forgotten job: no log to show
             return "", offset
         return decode(text.encode()[offset:], offset)
 
     def cancel(self, record: JobRecord) -> None:
-        client(record.ray_address).stop_job(record.id)
+        client(_address(record)).stop_job(_submission(record))
 
 
 def _state(record: JobRecord) -> State:
     try:
-        info = client(record.ray_address).get_job_info(record.id)
+        info = client(_address(record)).get_job_info(_submission(record))
     except ClusterError as e:
         return State("UNKNOWN", None, str(e), "")
     except Exception as e:  # the cluster no longer knows the job
@@ -119,3 +129,11 @@ def _state(record: JobRecord) -> State:
     if st.done:
         st.exit_code = 0 if st.state == "COMPLETED" else getattr(info, "driver_exit_code", None)
     return st
+
+
+def _address(record: JobRecord) -> str:
+    return record.handle.get("ray_address")  # type: ignore[return-value]  # checked when the record was read
+
+
+def _submission(record: JobRecord) -> str:
+    return str(record.handle.get("submission_id") or record.id)

@@ -8,28 +8,53 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ClusterError, UserError
-from ..forms import SAFE_PATH
+from ..forms import HOST, IMAGE, JOB_NAME, MOUNT, PORT, SAFE_PATH, SLURM_MEM, SLURM_TIME, USER, Count
 from ..jobprep.plan import slurm_spec
 from ..paths import nemorun_home
 from ..records import JobRecord, State
 from . import slurm_state
-from .base import Executor, local_files, profile_at, read_from
-from .commands import TIMEOUT_VAR, run, scheduler_timeout
+from .base import NODE_KEYS, Executor, local_files, profile_at, read_from
+from ..ssh import TIMEOUT_VAR, run, scheduler_timeout
 from .nemo_run_slurm import experiment, experiment_dir, first_error, nemorun_base, ssh_settings
 from .sbatch import render_sbatch
 
 if TYPE_CHECKING:
     from ..job import Job
     from ..findings import Report
-    from ..profiles import Profile
+    from ..profile import Profile
     from ..stage import Stage
 
 
 class Slurm(Executor):
     name = "slurm"
+    keys = {
+        **Executor.keys,
+        **NODE_KEYS,
+        "cpus_per_task": Count(1),
+        "time": SLURM_TIME,
+        "container_image": IMAGE,  # a .sqsh, an image reference, "" for none, or an image kind
+        "mounts": list[MOUNT],
+        "account": str,
+        "partition": str,
+        "qos": str,
+        "mem": SLURM_MEM,
+        "exclusive": bool,
+        "constraint": str,
+        "reservation": str,
+        "segment": Count(1),  # Slurm --segment: nodes allocated together (an NVLink domain's share)
+        "job_name_prefix": JOB_NAME,
+        "host": HOST,  # submission over SSH: the login node, and how to reach it
+        "user": USER,
+        "port": PORT,
+        "identity": str,
+        "job_dir": SAFE_PATH,
+    }
     chains = True
     asks_image = True
     shown_as = "sbatch script (as NeMo-Run submits it)"
+    # the job's id in Slurm, and the SSH settings (host, user, port, identity) of the cluster's login node where
+    # it was submitted over SSH: `nemotron jobs` reaches the cluster with them
+    handle_types = {"slurm_id": str | None, "ssh": dict[str, str | int | None] | None}
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
         if not run.get("account"):
@@ -70,7 +95,7 @@ class Slurm(Executor):
     def submit(self, job: Job, job_id: str, after: Sequence[JobRecord] = ()) -> JobRecord:
         ssh = ssh_settings(job)
         for upstream in after:
-            if upstream.executor != self.name or upstream.ssh != ssh:
+            if upstream.executor != self.name or slurm_state.ssh(upstream) != ssh:
                 raise ValueError(f"{job_id} can wait only for Slurm jobs of its own cluster, not {upstream.id}")
         try:
             with experiment(job, job_id, self.job_dir(job, job_id), [_slurm_id(a) for a in after]) as (exp, spec):
@@ -87,8 +112,21 @@ class Slurm(Executor):
         if not slurm_id.isdigit():
             raise ClusterError(f"submission failed: NeMo-Run returned no Slurm job id ({handle!r})")
         return self.new_record(job, job_id, job_dir=spec.job_dir, task=spec.task,
-                               log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out", slurm_id=slurm_id,
-                               ssh=ssh, after=[a.id for a in after])
+                               log_glob=f"{spec.task}/log-{spec.job_name}_{slurm_id}_*.out",
+                               handle={"slurm_id": slurm_id, "ssh": ssh}, after=[a.id for a in after])
+
+    def where(self, record: JobRecord) -> str:
+        return f"Slurm job {slurm_state.slurm_id(record)}"
+
+    def scheduler_id(self, record: JobRecord) -> str | None:
+        return slurm_state.slurm_id(record)
+
+    def remote(self, record: JobRecord) -> dict | None:
+        return slurm_state.ssh(record)
+
+    def setup_output(self, record: JobRecord) -> str | None:
+        """The batch script's own output (NeMo-Run's sbatch_<name>_<id>.out): the setup lines write there."""
+        return f"{record.task_dir}/sbatch_*_{slurm_state.slurm_id(record)}.out"
 
     def states(self, records: list[JobRecord]) -> dict[str, State]:
         return slurm_state.states(records)
@@ -96,28 +134,30 @@ class Slurm(Executor):
     def read_log(self, record: JobRecord, offset: int) -> tuple[str, int]:
         """The job's log files (one per start of the job, in order) as one stream."""
         log = PurePosixPath(record.job_dir, record.log_glob)
-        if not record.ssh:
+        login = slurm_state.ssh(record)
+        if not login:
             return read_from(local_files(sorted(Path(log.parent).glob(log.name), key=_start_order)), offset)
         listing = run(["find", str(log.parent), "-maxdepth", "1", "-name", log.name, "-printf", "%s %p\\n"],
-                      record.ssh).stdout
+                      login).stdout
         files = sorted(((path, int(size)) for size, path in (line.split(" ", 1) for line in listing.splitlines())),
                        key=lambda f: _start_order(PurePosixPath(f[0])))
 
         def tail(path: str, skip: int) -> bytes:
-            return run(["tail", "-c", f"+{skip + 1}", path], record.ssh, text=False).stdout
+            return run(["tail", "-c", f"+{skip + 1}", path], login, text=False).stdout
 
         return read_from(files, offset, tail)
 
     def cancel(self, record: JobRecord) -> None:
-        result = run(["scancel", record.slurm_id], record.ssh)
+        slurm_id = slurm_state.slurm_id(record)
+        result = run(["scancel", str(slurm_id)], slurm_state.ssh(record))
         if result.returncode != 0:
-            raise ClusterError(f"scancel {record.slurm_id} failed: {result.stderr.strip()}")
+            raise ClusterError(f"scancel {slurm_id} failed: {result.stderr.strip()}")
 
 
 def _slurm_id(record: JobRecord) -> str:
-    if not record.slurm_id:
+    if not (slurm_id := slurm_state.slurm_id(record)):
         raise ValueError(f"{record.id} is no Slurm job: nothing to wait for")
-    return record.slurm_id
+    return slurm_id
 
 
 def _start_order(path: PurePosixPath) -> tuple[int, str]:

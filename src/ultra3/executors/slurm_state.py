@@ -6,16 +6,26 @@ from __future__ import annotations
 import json
 
 from ..records import TERMINAL, JobRecord, State, load
-from .commands import run
+from ..ssh import run
 
 END_MARK = "job exited with code"  # the last line NeMo-Run's batch script writes
+
+
+def slurm_id(record: JobRecord) -> str | None:
+    """The job's id in Slurm, from its handle (a Slurm record's: Slurm.handle_types)."""
+    return record.handle.get("slurm_id")  # type: ignore[return-value]
+
+
+def ssh(record: JobRecord) -> dict | None:
+    """The SSH settings of the cluster's login node; None: submitted from it."""
+    return record.handle.get("ssh")  # type: ignore[return-value]
 
 
 def states(records: list[JobRecord]) -> dict[str, State]:
     by_cluster: dict[str, list[JobRecord]] = {}
     for r in records:
-        if r.slurm_id:
-            by_cluster.setdefault(json.dumps(r.ssh, sort_keys=True), []).append(r)
+        if slurm_id(r):
+            by_cluster.setdefault(json.dumps(ssh(r), sort_keys=True), []).append(r)
     result: dict[str, State] = {}
     for group in by_cluster.values():
         result.update(_cluster_states(group))
@@ -28,10 +38,10 @@ def _cluster_states(records: list[JobRecord]) -> dict[str, State]:
     for r in records:
         for job_id in r.after:
             upstream = known.get(job_id) or load(job_id)
-            if upstream and upstream.slurm_id:
+            if upstream and slurm_id(upstream):
                 known[job_id] = upstream
     found = _scheduler_states(list(known.values()))
-    by_id = {r.id: found.get(r.slurm_id) or _job_dir_state(r) for r in known.values()}
+    by_id = {r.id: found.get(slurm_id(r)) or _job_dir_state(r) for r in known.values()}
     for r in records:
         _upstream_reason(r, by_id)
     return {r.id: by_id[r.id] for r in records}
@@ -53,11 +63,11 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
     """Slurm id -> state, from sacct, else (accounting lags or forgot the job) from the controller. sacct
     lists every attempt of a job (-D): a job Slurm requeued (after a node failure) says so. A command that
     fails leaves its cause in the reason of a job no one could place."""
-    ssh = records[0].ssh
+    login = ssh(records[0])
     found: dict[str, State] = {}
     attempts: dict[str, list[str]] = {}
-    acct = run(["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(r.slurm_id for r in records),
-                "--format=JobID,State,ExitCode,Reason"], ssh)
+    acct = run(["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(slurm_id(r) for r in records),
+                "--format=JobID,State,ExitCode,Reason"], login)
     for line in acct.stdout.splitlines():
         parts = line.split("|")
         if len(parts) >= 4:
@@ -75,21 +85,21 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
         again = f"requeued by Slurm after {', '.join(earlier)} (attempt {len(earlier) + 1})"
         st.reason = f"{again}; {st.reason}" if st.reason else again
     causes = [] if acct.returncode == 0 else [_failed("sacct", acct)]
-    missing = [r.slurm_id for r in records if r.slurm_id not in found]
+    missing = [slurm_id(r) for r in records if slurm_id(r) not in found]
     # accounting lags the controller: a job pending there without a reason yet (its dependency, its
     # priority) is asked about in the controller's live queue too
-    unexplained = [r.slurm_id for r in records if r.slurm_id in found and found[r.slurm_id].state == "PENDING"
-                   and not found[r.slurm_id].reason]
+    unexplained = [slurm_id(r) for r in records if slurm_id(r) in found and found[slurm_id(r)].state == "PENDING"
+                   and not found[slurm_id(r)].reason]
     if missing or unexplained:
-        queue = run(["squeue", "-h", "-j", ",".join(missing + unexplained), "-o", "%i|%T|%r"], ssh)
+        queue = run(["squeue", "-h", "-j", ",".join(missing + unexplained), "-o", "%i|%T|%r"], login)
         for line in queue.stdout.splitlines():
             jid, st, reason = (line.split("|") + ["", ""])[:3]
             found[jid] = State(st, None, "" if reason == "None" else reason, "squeue")
         if queue.returncode != 0 and "Invalid job id" not in queue.stderr:
             causes.append(_failed("squeue", queue))
     for r in records:
-        if r.slurm_id not in found and causes:
-            found[r.slurm_id] = _job_dir_state(r, "; ".join(causes))
+        if slurm_id(r) not in found and causes:
+            found[slurm_id(r)] = _job_dir_state(r, "; ".join(causes))
     return found
 
 
@@ -101,8 +111,8 @@ def _failed(command: str, proc) -> str:
 def _job_dir_state(record: JobRecord, causes: str = "") -> State:
     """Neither sacct nor squeue knows the job (`causes`: why they could not say): read the end marker
     NeMo-Run's script writes."""
-    marks = run(["find", record.task_dir, "-maxdepth", "1", "-name", f"sbatch_*_{record.slurm_id}.out",
-                 "-exec", "grep", "-a", "-h", f"^{END_MARK}", "{}", "+"], record.ssh).stdout.split("\n")
+    marks = run(["find", record.task_dir, "-maxdepth", "1", "-name", f"sbatch_*_{slurm_id(record)}.out",
+                 "-exec", "grep", "-a", "-h", f"^{END_MARK}", "{}", "+"], ssh(record)).stdout.split("\n")
     last = [line for line in marks if line.strip()][-1:]
     if last:
         code = int(last[0].rsplit(" ", 1)[-1])

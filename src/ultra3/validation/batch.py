@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ultra3.dotted import get
 
-from ._common import DP_KEYS, GBS, MBS, VPP, mesh, pos_int
+from ..model_math import DP_KEYS, GBS, MBS, VPP, mesh, pos_int
 
 
 def check(cfg: dict, report) -> None:

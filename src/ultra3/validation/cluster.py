@@ -9,7 +9,7 @@ from __future__ import annotations
 from ultra3.dotted import get
 from ultra3.gpus import GPU_TYPES
 
-from ._common import mesh, nvlink_domain, pos_int
+from ..model_math import mesh, nvlink_domain, pos_int
 
 
 def check(cfg: dict, report) -> None:

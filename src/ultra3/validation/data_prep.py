@@ -212,7 +212,7 @@ def _missing(cfg: dict, key: str, what: str, report: Report, fix: str = "fix the
     if any(i.get("key") == key and i.get("pending") for i in get(cfg, "job.inputs") or []):
         return  # the output of an earlier pipe step, not made yet
     where = _where(key, report.origin)
-    if get(cfg, "job.executor") == "local":
+    if get(cfg, "job.runs_here"):
         report.error(key, f"{what} on this machine{where}; {fix}")
     else:
         report.warn(key, f"{what} on this machine{where}; fine if the cluster mounts it (the job's preflight checks)")

@@ -41,8 +41,8 @@ import math
 from dataclasses import dataclass
 
 from ..dotted import get
-from . import params as P
-from ._common import (
+from .. import model_params as P
+from ..model_math import (
     DP_KEYS,
     EP,
     ETP,

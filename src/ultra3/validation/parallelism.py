@@ -15,7 +15,7 @@ import math
 
 from ultra3.dotted import get
 
-from ._common import (
+from ..model_math import (
     CP,
     DP_KEYS,
     EP,

@@ -36,7 +36,7 @@ from ultra3.precision_map import (
     unmatched_globs,
 )
 
-from ._common import (
+from ..model_math import (
     NUM_LAYERS,
     bf16_layer_counts,
     flag,

@@ -16,7 +16,7 @@ from ultra3.contract import CHECKPOINT_TRACKERS as TRACKERS
 from ultra3.dotted import get
 
 from . import parallelism
-from ._common import pos_int
+from ..model_math import pos_int
 from .data_prep import _exists, _missing, check_output_dir
 
 BACKENDS = ("hf", "megatron")

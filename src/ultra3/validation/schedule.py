@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ultra3.dotted import get
 
-from ._common import GBS, SEQ, fmt_count, is_int, number, pos_int
+from ..model_math import GBS, SEQ, fmt_count, is_int, number, pos_int
 
 DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")

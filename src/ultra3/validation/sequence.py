@@ -12,7 +12,7 @@ from __future__ import annotations
 from ultra3.contract import pad_seq_to_mult
 from ultra3.dotted import get
 
-from ._common import CP, EP, MBS, SEQ, SP, TP, flag, mesh, pos_int
+from ..model_math import CP, EP, MBS, SEQ, SP, TP, flag, mesh, pos_int
 
 PACK = "dataset.pack_size"
 PAD_KEYS = (TP, CP, SP)  # what pad_seq_to_mult derives from

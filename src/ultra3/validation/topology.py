@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ultra3.dotted import get
 
-from ._common import EP, ETP, GPUS, TP, mesh, nvlink_domain, nvlink_domain_key, pos_int
+from ..model_math import EP, ETP, GPUS, TP, mesh, nvlink_domain, nvlink_domain_key, pos_int
 
 DISPATCHER = "model.moe_token_dispatcher_type"
 BACKEND = "model.moe_flex_dispatcher_backend"

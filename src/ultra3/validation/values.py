@@ -8,7 +8,7 @@ from ultra3 import megatron_api
 from ultra3.dotted import get
 from ultra3.schema import suggest
 
-from ._common import is_int, number
+from ..model_math import is_int, number
 
 POSITIVE = tuple(f"model.{k}" for k in (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",

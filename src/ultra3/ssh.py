@@ -1,5 +1,6 @@
-"""Commands on the machine that holds a job: this one, or the cluster's login node over SSH. Always an
-argv list; over SSH the remote shell parses one string, so the argv is quoted with shlex.join."""
+"""Commands on the machine that holds a job or an artifact store: this one, or a cluster's login node over SSH
+(the executors, the artifact store and image lookups run them). Always an argv list; over SSH the remote shell
+parses one string, so the argv is quoted with shlex.join."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import shlex
 import subprocess
 
-from ..errors import ClusterError, UserError
+from .errors import ClusterError, UserError
 
 TIMEOUT_VAR = "ULTRA3_SCHEDULER_TIMEOUT"
 

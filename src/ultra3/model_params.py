@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ultra3.dotted import get
 
-from ._common import PIPE, is_int, main_pattern, pattern, pos_int
+from .model_math import PIPE, is_int, main_pattern, pattern, pos_int
 
 # Ultra's layer mix (see the module docstring): 48 Mamba-2, 48 LatentMoE, 12 attention of 108.
 ULTRA_MIX = (("M", 4), ("E", 4), ("*", 1))

@@ -1,7 +1,9 @@
-"""Helpers every rule module shares: safe config reads, the parallel mesh, GPU and precision facts.
+"""The facts of a training config that the validation rules, the cost model and the precision map all compute:
+safe config reads, the parallel mesh, GPU and precision facts, the hybrid layer pattern (parameter counts:
+ultra3.model_params).
 
-Everything here is a pure function of the resolved config (plain dicts), so a rule module can call it
-again instead of depending on the order in which the modules run. Stdlib only: the dry run must stay fast.
+Everything here is a pure function of the resolved config (plain dicts), so a caller can call it again instead
+of depending on the order in which the rules run. Stdlib only: the dry run must stay fast.
 """
 
 from __future__ import annotations
