@@ -6,23 +6,25 @@
 #   resume    the same run with train.train_iters=60: it loads iteration 40 and trains 20 more
 #   sft       sft -c tiny from that checkpoint on the packed data of `ultra3 data prep sft -c tiny --run gpu-box`
 #   quantize  quantize -c tiny of the SFT checkpoint (NVFP4 with ModelOpt) into a Hugging Face checkpoint
+#   convert   the round trip: convert hf-to-megatron -c tiny (a made tiny Hugging Face checkpoint into Megatron-Bridge),
+#             then convert megatron-to-hf -c tiny of that checkpoint back to Hugging Face, each gated by logit parity
 # The data preps run where Ray is (any CPU machine, `--run gpu-box` there too); carry their output dirs and
 # $NEMORUN_HOME/artifacts to the same paths here.
 #
-# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all four, in order; a failed step stops the rest,
+# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all five, in order; a failed step stops the rest,
 #        unless ULTRA3_SMOKE_KEEP_GOING=1)
 # Writes OUT/<step>.log, OUT/<step>.memory.csv (nvidia-smi memory.used, MiB, every 200 ms) and
 # OUT/versions.json, then prints benchmarks/gpu_smoke.py's table and writes OUT/loss.png. Triton prints each
 # autotuning it does (TRITON_PRINT_AUTOTUNING=1 unless set): the table sums them per step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|sft|quantize ...]}
+out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|sft|quantize|convert ...]}
 shift
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume sft quantize)
+[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume sft quantize convert)
 for step in "${steps[@]}"; do
-    case $step in pretrain | resume | sft | quantize) ;; *)
-        echo "unknown step $step (pretrain, resume, sft, quantize)" >&2; exit 2 ;;
+    case $step in pretrain | resume | sft | quantize | convert) ;; *)
+        echo "unknown step $step (pretrain, resume, sft, quantize, convert)" >&2; exit 2 ;;
     esac
 done
 
@@ -30,6 +32,7 @@ mkdir -p "$out"
 export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
 env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
+converted=${ULTRA3_SMOKE_CONVERTED:-/tmp/ultra3-smoke/convert}  # the round trip's two outputs, new each run
 
 python3 - "$out/versions.json" <<'EOF'
 import importlib.metadata as md, json, shutil, subprocess, sys
@@ -50,11 +53,16 @@ EOF
 
 failed=0
 for step in "${steps[@]}"; do
+    second=()  # a second command of the step, run when the first succeeds
     case $step in
         pretrain) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
         resume) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints" train.train_iters=60) ;;
         sft) argv=(sft -c tiny dataset.mock=false) ;;
         quantize) argv=(quantize -c tiny make_checkpoint=false bf16_checkpoint=null run.gpus_per_node=1) ;;
+        convert)
+            rm -rf "$converted"
+            argv=(convert hf-to-megatron -c tiny "output_dir=$converted/megatron")
+            second=(convert megatron-to-hf -c tiny "megatron_checkpoint=$converted/megatron" "output_dir=$converted/hf") ;;
     esac
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$step.memory.csv" 2>/dev/null &
     sampler=$!
@@ -62,6 +70,11 @@ for step in "${steps[@]}"; do
     echo "== $step: ultra3 ${argv[*]} --run gpu-box"
     ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" >"$out/$step.log" 2>&1
     status=$?
+    if [ $status -eq 0 ] && [ ${#second[@]} -gt 0 ]; then
+        echo "== $step: ultra3 ${second[*]} --run gpu-box"
+        ultra3 "${second[@]}" --run gpu-box --env-file "$env_file" >>"$out/$step.log" 2>&1
+        status=$?
+    fi
     kill "$sampler" 2>/dev/null
     echo "== $step: exit $status after $(($(date +%s) - started)) s"
     if [ $status -ne 0 ]; then
