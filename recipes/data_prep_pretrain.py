@@ -6,27 +6,32 @@ Started by recipes.launch inside the job (after the preflight) with the resolved
 well by hand. Needs the `data` extra (ray, tokenizers, gigatoken, pyarrow, numpy, zstandard,
 huggingface_hub) and PyYAML; never the launcher.
 
-Config keys (others, such as `run` and `job`, are ignored):
+Config keys, each required (a missing one is an input error): the launcher's compiled config has them all, with
+the defaults shown here from configs/_shared/data_prep.yaml and configs/data_prep/pretrain/default.yaml, and their
+ranges checked; others, such as `run` and `job`, are ignored:
 
     datasets:            # required, a list of
       - name: web        #   required, unique, [A-Za-z0-9._-]: the output subdirectory
         path: /data/web/*.jsonl.zst   # a JSONL (plain/.gz/.zst) or Parquet file, a directory, a glob,
                                       # or hf://org/name[/glob] (Hugging Face dataset)
-        text_field: text #   default: the top-level text_field, else "text"
+        text_field: text #   default: the top-level text_field
         weight: 1.0      #   default 1.0; its share of the blend
         split: train     #   hf:// only: the split to read (default train)
         subset: null     #   hf:// only: the dataset config (subset)
         revision: null   #   hf:// only: branch, tag or commit (default main)
     tokenizer: org/name  # required: a tokenizer.json, a directory holding one, or a hub model id[@revision]
-    eod_token: null      # default: the tokenizer's eos_token
+    text_field: text     # the datasets' text_field where one names none
+    eod_token: null      # null: the tokenizer's eos_token
     output_dir: /out     # required
-    num_shards: 8        # per dataset (fewer when a dataset has fewer records)
+    num_shards: 128      # per dataset (fewer when a dataset has fewer records)
     valid_shards: 1      # per dataset with >= 3 shards; else all train
     test_shards: 1
     sample: null         # N: the first N records of each dataset, into output_dir/sample-N
     force: false         # redo every shard
     strict: false        # a bad record stops the run (exit 2)
-    workers: null        # most shard tasks at once (default: the CPUs / cpus_per_task)
+    max_bad_fraction: 0.01     # more bad records than this share of a dataset fails the run
+    max_record_bytes: 16777216 # a longer record is a bad record (too_long)
+    workers: null        # most shard tasks at once (null: the CPUs / cpus_per_task)
     backend: auto        # auto | processes | ray: where the tasks run (auto: Ray with $RAY_ADDRESS, else processes)
     cpus_per_task: 1     # CPUs (tokenizer threads) per shard task
     encoder: auto        # auto | gigatoken | tokenizers: what computes the token ids (the bytes are the same):
@@ -66,8 +71,8 @@ from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster, local_cpus
 from .dataprep.errors import DataPrepError
 from .dataprep.files import write_json
-from .dataprep.settings import (Common, Dataset, cli, common_values, dataset_entries, int_value, load_config,
-                                resolve_files, str_value)
+from .dataprep.settings import (Common, Dataset, cli, dataset_entries, fields, load_config, resolve_files, run_given,
+                                take)
 
 PROG = "ultra3 data prep pretrain"
 MANIFEST_FORMAT = "ultra3-pretrain-data/1"
@@ -82,31 +87,14 @@ class Settings(Common):
     cpus_per_task: int
     encoder: str
     verify: str
-    object_store_mb: int
 
 
 def parse_settings(cfg: dict) -> Settings:
     if not isinstance(cfg, dict):
         raise DataPrepError("the config is not a mapping")
-    default_field = str_value(cfg, "text_field", "text") or "text"
-    datasets = [Dataset(*d) for d in dataset_entries(cfg, "text_field", default_field,
+    datasets = [Dataset(*d) for d in dataset_entries(cfg, "text_field", take(cfg, "text_field", str),
                                                          "the corpora to tokenize ({name, path, weight, text_field})")]
-    verify = cfg.get("verify") or "size"
-    if verify not in ("size", "checksum"):
-        raise DataPrepError(f"verify must be size or checksum, not {verify!r}")
-    encoder = cfg.get("encoder") or "auto"
-    if encoder not in encoders.MODES:
-        raise DataPrepError(f"encoder must be auto, gigatoken or tokenizers, not {encoder!r}")
-    return Settings(
-        **common_values(cfg, datasets, 8),
-        eod_token=str_value(cfg, "eod_token"),
-        valid_shards=int_value(cfg, "valid_shards", 1, 0),
-        test_shards=int_value(cfg, "test_shards", 1, 0),
-        cpus_per_task=int_value(cfg, "cpus_per_task", 1, 1),
-        encoder=encoder,
-        verify=verify,
-        object_store_mb=int_value(cfg, "object_store_mb", 256, 80),
-    )
+    return Settings(**fields(cfg, Settings, datasets=datasets, **run_given(cfg)))
 
 
 # ---- inputs and plan -----------------------------------------------------------------------------------

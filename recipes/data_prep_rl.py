@@ -7,7 +7,9 @@ Skywork-OR1 where those are given (dropped and counted where not), and split int
 Started by recipes.launch inside the job (after the preflight) with the resolved config; it runs just as
 well by hand. Needs the `data` extra (ray, pyarrow, zstandard, huggingface_hub) and PyYAML; never the launcher.
 
-Config keys (others, such as `run` and `job`, are ignored):
+Config keys, each required (a missing one is an input error): the launcher's compiled config has them all, with
+the defaults shown here from configs/_shared/data_prep.yaml and configs/data_prep/rl/default.yaml, and their
+ranges checked; others, such as `run` and `job`, are ignored:
 
     source: hf://nvidia/Nemotron-RL-Ultra-Training-Blends   # required: hf://org/name, or a local directory
                              #   holding a <blend>.jsonl (.gz/.zst too) per blend, at any depth
@@ -21,7 +23,9 @@ Config keys (others, such as `run` and `job`, are ignored):
     sample: null             # N: the first N records of each blend, into output_dir/sample-N
     force: false             # redo even if output_dir already holds this very output
     strict: false            # a bad row stops the run (exit 2) instead of being counted and skipped
-    workers: null            # tasks (one per blend) at a time (default: the CPUs)
+    max_bad_fraction: 0.01   # more bad records than this share of a blend fails the run
+    max_record_bytes: 16777216   # a longer record is a bad record (too_long)
+    workers: null            # tasks (one per blend) at a time (null: the CPUs)
     backend: auto            # auto | processes | ray: where the tasks run (auto: Ray with $RAY_ADDRESS)
     hf_cache_dir: null       # where hf:// datasets are downloaded
     progress_interval: 30    # seconds between progress lines

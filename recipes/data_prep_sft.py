@@ -7,7 +7,9 @@ Started by recipes.launch inside the job (after the preflight) with the resolved
 well by hand. Needs the `data` extra (ray, tokenizers, pyarrow, numpy, zstandard, huggingface_hub, jinja2)
 and PyYAML; never the launcher.
 
-Config keys (others, such as `run` and `job`, are ignored):
+Config keys, each required (a missing one is an input error): the launcher's compiled config has them all, with
+the defaults shown here from configs/_shared/data_prep.yaml and configs/data_prep/sft/default.yaml, and their
+ranges checked; others, such as `run` and `job`, are ignored:
 
     datasets:                # required, a list of
       - name: chat           #   required, unique, [A-Za-z0-9._-]
@@ -20,8 +22,8 @@ Config keys (others, such as `run` and `job`, are ignored):
     tokenizer: org/name      # required: tokenizer.json, a directory holding one, or a hub model id[@revision]
     chat_template: nemotron3 # a shipped template (recipes/dataprep/templates/NAME.jinja) or a .jinja path
     output_dir: /out         # required
-    pack_size: 4096          # required: tokens per pack (the training sequence length)
-    pad_seq_to_mult: 1       # pad every sequence's runtime length to a multiple (lcm(2*CP, CP*TP with SP))
+    pack_size: 294912        # tokens per pack (the training sequence length)
+    pad_seq_to_mult: 16      # pad every sequence's runtime length to a multiple (lcm(2*CP, CP*TP with SP))
     truncate: true           # cut conversations longer than a pack (true) or drop them (false); both counted
     valid_ratio: 0.01        # share of each dataset's conversations held out for validation
     test_ratio: 0.01         # ... and for test
@@ -29,12 +31,15 @@ Config keys (others, such as `run` and `job`, are ignored):
     sample: null             # N: the first N records of each dataset, into output_dir/sample-N
     force: false             # redo even if output_dir already holds this very output
     strict: false            # a bad record stops the run (exit 2)
-    workers: null            # tasks at a time (default: the CPUs)
+    max_bad_fraction: 0.01   # more bad records than this share of a dataset fails the run
+    max_record_bytes: 16777216   # a longer record is a bad record (too_long)
+    workers: null            # tasks at a time (null: the CPUs)
     backend: auto            # auto | processes | ray: where the tasks run (auto: Ray with $RAY_ADDRESS)
     seed: 1234               # the shuffle of packs (nothing else is random)
-    row_group_size: null     # packs per Parquet row group (default ~64 MiB of tokens, at most 1000)
+    row_group_size: null     # packs per Parquet row group (null: ~64 MiB of tokens, at most 1000)
     hf_cache_dir: null       # where hf:// datasets and hub tokenizers are downloaded
     progress_interval: 30    # seconds between progress lines
+    object_store_mb: 256     # the embedded Ray's object store (backend: ray)
 
 Output (output_dir, or output_dir/sample-N):
 
@@ -298,7 +303,7 @@ def run(config_path: str) -> int:
     markup = _markup_warning(tok_json)
     if markup:
         print(f"{PROG}: warning: {markup}", flush=True)
-    with lock.holding(out, settings.job), Cluster(settings.backend) as cluster:
+    with lock.holding(out, settings.job), Cluster(settings.backend, settings.object_store_mb) as cluster:
         packed = pack(settings, cluster, sources, tok, tok_json, template)
         cluster.stop()
     try:  # a dataset with too many bad records stops here: its packs go with the staging dir

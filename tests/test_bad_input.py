@@ -281,6 +281,25 @@ CASES = [
          [r"row_group_size: must be an integer >= 1, got 0 \(set in command line\)$"]),
     Case("data-prep-zero-pad", ["data", "prep", "sft", "-c", "tiny", "pad_seq_to_mult=0", "-d"],
          [r"pad_seq_to_mult: must be an integer >= 1, got 0 \(set in command line\)$"]),
+    # the data prep runtimes check no range of their own: each is here, at compile time
+    Case("data-prep-negative-seed", ["data", "prep", "sft", "-c", "tiny", "seed=-1", "-d"],
+         [r"seed: must be an integer >= 0, got -1 \(set in command line\)$"]),
+    Case("data-prep-one-token-pack", ["data", "prep", "sft", "-c", "tiny", "pack_size=1", "-d"],
+         [r"pack_size: must be an integer >= 2, got 1 \(set in command line\)$"]),
+    Case("data-prep-small-object-store", ["data", "prep", "rl", "-c", "tiny", "object_store_mb=50", "-d"],
+         [r"object_store_mb: must be an integer >= 80, got 50 \(set in command line\)$"]),
+    Case("data-prep-zero-val-rows", ["data", "prep", "rl", "-c", "tiny", "val_rows=0", "-d"],
+         [r"val_rows: must be an integer >= 1, got 0 \(set in command line\)$"]),
+    Case("data-prep-zero-progress-interval", ["data", "prep", "pretrain", "-c", "tiny", "progress_interval=0", "-d"],
+         [r"progress_interval: 0 seconds between progress lines: use a number > 0, e\.g\. 30$"]),
+    Case("data-prep-null-default", ["data", "prep", "pretrain", "-c", "tiny", "max_bad_fraction=null", "-d"],
+         [r"max_bad_fraction: null \(set in command line\), but the job needs a value: give one$"]),
+    Case("data-prep-config-without-defaults", ["data", "prep", "rl", "-c", "own.yaml", "-d"],
+         [r"backend: not set \(nor force, max_bad_fraction, max_record_bytes, object_store_mb, progress_interval, "
+          r"strict, val_rows\), but the job needs a value of each: set them, or start the config with `defaults: "
+          r"\[default\]` \(the stage's defaults\)$"],
+         files={"own.yaml": "source: hf://nvidia/Nemotron-RL-Ultra-Training-Blends\nblends: [rlvr1]\n"
+                            "output_dir: /tmp/rl-data\n"}),
     # -- values Megatron or Slurm would refuse ---------------------------------------------------------
     Case("value-nan-lr", ["pretrain", "-c", "tiny", "optimizer.lr=.nan", "-d"],
          [r"optimizer\.lr: must be a finite number, got nan \(set in command line\)$"]),

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import stage_config
 from recipes import contract, preflight
 from ultra3 import contract as launcher_contract
 
@@ -138,8 +139,9 @@ def data_prep_job(tmp_path_factory):
     out = tmp / "out"
     produces = [{"name": "pretrain-data-tiny-sample-50", "kind": "pretrain-data",
                  "path": str(out / "sample-50" / "blend.json")}]
-    settings = {"datasets": [{"name": "stories", "path": str(TINY / "corpus.jsonl.gz")}], "tokenizer": str(TINY),
-                "output_dir": str(out), "num_shards": 2, "sample": 50, "object_store_mb": 100}
+    settings = {**stage_config("data_prep/pretrain"), "tokenizer": str(TINY), "output_dir": str(out), "num_shards": 2,
+                "datasets": [{"name": "stories", "path": str(TINY / "corpus.jsonl.gz")}], "sample": 50,
+                "object_store_mb": 100}
     code = code_dir(tmp, {**DATA_PREP, "artifacts_root": str(tmp / "store"), "produces": produces}, **settings)
     return tmp, settings, launch(code)
 

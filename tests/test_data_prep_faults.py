@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import kill_session
+from conftest import kill_session, stage_config
 from recipes.contract import INPUT_ERROR_EXIT
 from recipes.dataprep import lock
 from recipes.dataprep.errors import DataPrepError
@@ -34,7 +34,8 @@ ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLUR
 def config(where: Path, out: Path, encoder: str = "auto") -> Path:
     """The tiny blend, one shard at a time; with `tokenizers`, slow enough to be killed halfway (the bytes are the
     same with any encoder)."""
-    cfg = {"datasets": [{"name": "stories", "path": str(TINY / "corpus.jsonl.gz"), "weight": 3.0},
+    cfg = {**stage_config("data_prep/pretrain"),
+           "datasets": [{"name": "stories", "path": str(TINY / "corpus.jsonl.gz"), "weight": 3.0},
                         {"name": "encyclopedia", "path": str(TINY / "encyclopedia.parquet"), "text_field": "content"}],
            "tokenizer": str(TINY), "output_dir": str(out), "num_shards": 4, "backend": "processes", "workers": 1,
            "encoder": encoder, "job": {"id": "test"}}

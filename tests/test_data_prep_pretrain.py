@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports, kill_session
+from conftest import free_ports, kill_session, stage_config
 
 pytest.importorskip("ray")
 pytest.importorskip("tokenizers")
@@ -60,8 +60,10 @@ class Result:
 
 
 def write_config(path: Path, cfg: dict) -> Path:
-    # a job's config also carries the launcher's sections: the runtime ignores them
-    full = {"run": {"nodes": 1, "gpus_per_node": 0}, "job": {"id": "test", "stage": "data prep pretrain"}, **cfg}
+    # the keys of the compiled tiny config under those the test sets; a job's config also carries the launcher's
+    # sections: the runtime ignores them
+    full = {**stage_config("data_prep/pretrain"), "run": {"nodes": 1, "gpus_per_node": 0},
+            "job": {"id": "test", "stage": "data prep pretrain"}, **cfg}
     path.write_text(yaml.safe_dump(full, sort_keys=False))
     return path
 
@@ -852,7 +854,7 @@ def _garbage_tokenizer(tmp: Path) -> str:
     ("empty_corpus", "empty corpus"),
     ("blank_corpus", "empty corpus"),
     ("parquet_without_field", "has no column 'body'"),
-    ("bad_encoder", "encoder must be auto, gigatoken or tokenizers, not 'fast'"),
+    ("workers_not_a_count", "workers must be an integer or null, not 'four'"),  # ranges: the launcher's
 ])
 def test_input_errors_are_one_line_exit_2_and_write_nothing(case, expect, tmp_path):
     out = tmp_path / "out"
@@ -875,8 +877,8 @@ def test_input_errors_are_one_line_exit_2_and_write_nothing(case, expect, tmp_pa
         cfg["datasets"] = [{"name": "a", "path": good}, {"name": "b", "path": str(tmp_path / "blank.jsonl.gz")}]
     elif case == "parquet_without_field":
         cfg["datasets"] = [{"name": "e", "path": str(TINY / "encyclopedia.parquet"), "text_field": "body"}]
-    elif case == "bad_encoder":
-        cfg["encoder"] = "fast"
+    elif case == "workers_not_a_count":
+        cfg["workers"] = "four"
     r = prep(cfg, tmp_path, timeout=60)
     assert r.rc == 2, (r.out, r.err)
     lines = r.err.splitlines()

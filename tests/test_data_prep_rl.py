@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import stage_config
 from recipes.dataprep import inputs
 from recipes.dataprep import rl_records as records
 from recipes.dataprep.errors import BadRecordError
@@ -274,8 +275,10 @@ def test_the_tiny_sample_is_generated_reproducibly(tmp_path):
 # ---- the runtime: config and input errors before Ray (fast) ----------------------------------------------
 
 def base_config(out: Path, **over) -> dict:
-    cfg = {"source": str(TINY), "blends": ["rlvr1", "mopd"], "val_rows": 5,
-           "placeholders": {s: {"path": str(p)} for s, p in SOURCES.items()}, "output_dir": str(out),
+    shipped = stage_config("data_prep/rl")  # the keys of the compiled tiny config under those the test sets
+    cfg = {**shipped, "source": str(TINY), "blends": ["rlvr1", "mopd"], "val_rows": 5,
+           "placeholders": {s: {**shipped["placeholders"][s], "path": str(p)} for s, p in SOURCES.items()},
+           "output_dir": str(out),
            "progress_interval": 1, "run": {"nodes": 1}, "job": {"stage": "data prep rl"}}  # run, job: ignored
     return {**cfg, **over}
 
@@ -306,10 +309,11 @@ def run_script(config: dict, path: Path, env: dict | None = None) -> subprocess.
     ({"blends": ["rlvr1", "rlvr1"]}, "blends[1] 'rlvr1' is listed twice"),
     ({"blends": []}, "blends is empty"),
     ({"placeholders": {"numina": {"path": "x"}}}, "placeholders must map dapo and skywork to {path, split, revision}"),
-    ({"placeholders": {"dapo": {"path": "/nonexistent/dapo*.parquet"}}},
+    ({"placeholders": {"dapo": {"path": "/nonexistent/dapo*.parquet", "split": "train", "revision": None}}},
      "placeholders.dapo: /nonexistent/dapo*.parquet matches no file"),
     ({"source": "hf://nvidia/Nemotron-RL-Ultra-Training-Blends/data"}, "name the dataset repo alone"),
-    ({"val_rows": 0}, "val_rows must be an integer >= 1"),
+    ({"val_rows": "5"}, "val_rows must be an integer, not '5'"),  # its range: the launcher's
+    ({"placeholders": {"dapo": {"path": "x"}}}, "placeholders.dapo.split is not set; set it"),
 ])
 def test_config_and_input_errors_are_one_line_exit_2(change, message, tmp_path):
     out = tmp_path / "out"
@@ -348,7 +352,9 @@ def runs(tmp_path_factory) -> dict:
         "strict": base_config(d / "strict", source=str(src), blends=["rlvr1", "messy"], val_rows=1, strict=True),
         "lenient": base_config(d / "lenient", source=str(src), blends=["rlvr1", "messy"], val_rows=1,
                                max_bad_fraction=0.6,  # the messy blend: 5 bad of 10, counted
-                               placeholders={"dapo": {"path": None}, "skywork": {"path": str(SOURCES["skywork"])}}),
+                               placeholders={"dapo": {"path": None, "split": "train", "revision": None},
+                                             "skywork": {"path": str(SOURCES["skywork"]), "split": "math",
+                                                         "revision": None}}),
         "sample": base_config(d / "sample", sample=20),
     }
     procs = {k: start(cfg, d / f"config-{k}.yaml") for k, cfg in configs.items()}

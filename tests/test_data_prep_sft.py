@@ -29,6 +29,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("ray")
 tokenizers = pytest.importorskip("tokenizers")
 
+from conftest import stage_config
 from recipes.dataprep import chat, conversations, inputs, sft_output
 from recipes.dataprep import packed_parquet as pp
 from recipes.dataprep.packing import (
@@ -193,6 +194,7 @@ def inputs_dir(tmp_path_factory) -> Path:
 
 def base_config(inputs_dir: Path, out: Path, **over) -> dict:
     cfg = {
+        **stage_config("data_prep/sft"),  # the keys of the compiled tiny config under those the test sets
         "datasets": [
             {"name": "tiny-chat", "path": str(TINY / "sft.jsonl.gz")},
             {"name": "pq-chat", "path": str(inputs_dir / "*.parquet"), "messages_field": "chat"},
@@ -400,8 +402,8 @@ def test_force_redoes_an_up_to_date_output(tmp_path):
     from recipes import data_prep_sft as driver
 
     def settings(**over):
-        return driver.parse_settings({"datasets": [{"name": "a", "path": "x"}], "tokenizer": "t", "pack_size": 64,
-                                      "output_dir": str(tmp_path), **over})
+        return driver.parse_settings({**stage_config("data_prep/sft"), "datasets": [{"name": "a", "path": "x"}],
+                                      "tokenizer": "t", "pack_size": 64, "output_dir": str(tmp_path), **over})
 
     (tmp_path / "metadata.json").write_text(json.dumps({"format": driver.FORMAT, "fingerprint": "abc"}))
     assert driver.prepare_output(settings(), "abc") is False
@@ -419,9 +421,8 @@ def test_force_redoes_an_up_to_date_output(tmp_path):
     ({"datasets": [{"name": "empty", "path": "__EMPTY__"}]}, "empty corpus"),
     ({"chat_template": "llama9"}, "not a shipped template"),
     ({"chat_template": "__NOGEN__"}, "no {% generation %} block"),
-    ({"pack_size": None}, "pack_size is not set"),
-    ({"pack_size": 500, "pad_seq_to_mult": 16}, "not a multiple of pad_seq_to_mult"),
-    ({"valid_ratio": 0.6, "test_ratio": 0.5}, "leaves nothing to train on"),
+    ({"pack_size": None}, "pack_size is not set; set it: the config the launcher compiles has every key"),
+    ({"truncate": "yes"}, "truncate must be true or false, not 'yes'"),  # ranges and fits: the launcher's
 ])
 def test_config_and_input_errors_are_one_line_exit_2(change, message, inputs_dir, tmp_path):
     (tmp_path / "broken.json").write_text("{ this is not a tokenizer")
@@ -433,7 +434,7 @@ def test_config_and_input_errors_are_one_line_exit_2(change, message, inputs_dir
                         .replace("__EMPTY__", subst["__EMPTY__"]).replace("__NOGEN__", subst["__NOGEN__"]))
     out = tmp_path / "out"
     cfg = base_config(inputs_dir, out, **change)
-    cfg = {k: v for k, v in cfg.items() if v is not None}
+    cfg = {k: v for k, v in cfg.items() if k not in change or v is not None}  # a None in `change`: the key left out
     env, ray_tmp = ray_tripwire(tmp_path)
     p = run_script(cfg, tmp_path / "config.yaml", env=env)
     assert p.returncode == 2, p.stdout + p.stderr
@@ -463,8 +464,9 @@ def test_pad_seq_to_mult_pads_with_eos_and_no_loss(tmp_path):
     part = conversations.Partition(0, "tiny-chat", "messages", inputs.MAX_RECORD_BYTES, records=200)
     part.pieces.append(conversations.Piece(str(TINY / "sft.jsonl.gz"), "jsonl.gz", 0, 200))
     result = conversations.tokenize_partition(part, str(tmp_path), tok_json, source, "nemotron3.jinja")
-    settings = driver.parse_settings({"datasets": [{"name": "tiny-chat", "path": "x"}], "tokenizer": "t",
-                                      "output_dir": str(tmp_path), "pack_size": 256, "pad_seq_to_mult": 8})
+    settings = driver.parse_settings({**stage_config("data_prep/sft"), "datasets": [{"name": "tiny-chat", "path": "x"}],
+                                      "tokenizer": "t", "output_dir": str(tmp_path), "pack_size": 256,
+                                      "pad_seq_to_mult": 8})
     corpus, _, bad = driver.gather(settings, [part], [result])
     assert len(corpus) == 200 and bad.total == 0
     lim = sft_output.limit(corpus, 256, 8, True)

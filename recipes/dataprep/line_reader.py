@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 BLOCK_BYTES = 8 << 20  # read and split at once
-MAX_RECORD_BYTES = 16 << 20  # max_record_bytes' default
+MAX_RECORD_BYTES = 16 << 20  # the readers' limit where no max_record_bytes is given (calibration); data prep passes its own
 
 
 def text_blocks(f, max_bytes: int, offset: int = 0, rewind: bool = False,

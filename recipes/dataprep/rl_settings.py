@@ -1,15 +1,14 @@
-"""The settings of `ultra3 data prep rl`: its config, checked, with one line per bad value."""
+"""The settings of `ultra3 data prep rl`: its config, read as the launcher compiled and checked it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .errors import DataPrepError
-from .settings import NAME, Run, int_value, run_values, str_value
+from .settings import NAME, Run, fields, run_given, take
 
 PROG = "ultra3 data prep rl"
-# the placeholder sources NVIDIA's fill_placeholders.py restores from, with the split of each it indexes
-SOURCES = {"dapo": "train", "skywork": "math"}
+SOURCES = ("dapo", "skywork")  # the placeholder sources NVIDIA's fill_placeholders.py restores from
 
 
 @dataclass
@@ -28,7 +27,6 @@ class Settings(Run):
     blends: list
     val_rows: int
     placeholders: dict  # {source name: Source}, only those given
-    object_store_mb: int
 
 
 def _blends(cfg: dict) -> list:
@@ -45,29 +43,20 @@ def _blends(cfg: dict) -> list:
 
 
 def _placeholders(cfg: dict) -> dict:
-    raw = cfg.get("placeholders") or {}
-    if not isinstance(raw, dict) or set(raw) - set(SOURCES):
+    raw = take(cfg, "placeholders", dict)
+    if set(raw) - set(SOURCES):
         raise DataPrepError(f"placeholders must map {' and '.join(SOURCES)} to {{path, split, revision}}, not {raw!r}")
     given = {}
     for name, entry in raw.items():
-        entry = entry or {}
         if not isinstance(entry, dict) or set(entry) - {"path", "split", "revision"}:
             raise DataPrepError(f"placeholders.{name} must be a mapping of path, split and revision, not {entry!r}")
-        path = str_value(entry, "path")
-        if path:
-            given[name] = Source(path, str_value(entry, "split") or SOURCES[name], str_value(entry, "revision"))
+        where = f"placeholders.{name}."
+        if path := take(entry, "path", str | None, where):
+            given[name] = Source(path, take(entry, "split", str, where), take(entry, "revision", str | None, where))
     return given
 
 
 def parse_settings(cfg: dict) -> Settings:
     if not isinstance(cfg, dict):
         raise DataPrepError("the config is not a mapping")
-    return Settings(
-        source=str_value(cfg, "source", required=True),
-        revision=str_value(cfg, "revision"),
-        blends=_blends(cfg),
-        val_rows=int_value(cfg, "val_rows", 100, 1),
-        placeholders=_placeholders(cfg),
-        object_store_mb=int_value(cfg, "object_store_mb", 256, 80),
-        **run_values(cfg),
-    )
+    return Settings(**fields(cfg, Settings, blends=_blends(cfg), placeholders=_placeholders(cfg), **run_given(cfg)))

@@ -5,14 +5,16 @@ the input files of the blend (local first, then the hub)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..contract import INPUT_ERROR_EXIT, NAME  # NAME: what a dataset's name may be (its output directory)
-from . import inputs, line_reader
-from .cluster import BACKENDS, ClusterError
+from . import inputs
+from .cluster import ClusterError
 from .errors import DISK_FULL, DataPrepError
 
 
@@ -57,40 +59,34 @@ def load_config(path: str) -> dict:
         raise DataPrepError(f"config {path} is not valid YAML ({str(e).splitlines()[0]})") from None
 
 
-def int_value(cfg: dict, key: str, default, low: int, allow_none: bool = False):
-    value = cfg.get(key, default)
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise DataPrepError(f"{key} must be an integer >= {low}{' or null' if allow_none else ''}, not {value!r}")
-    return value
+def take(cfg: dict, key: str, kind, where: str = ""):
+    """The config's `key` (under `where`, a dotted prefix), of `kind` (a type, or a union with None), as the launcher
+    compiled and checked it: the stage's YAML holds every default and the launcher every range, so the one check
+    here is for a config written by hand: a key missing, or a value not of its kind, is one line naming it."""
+    if key not in cfg:
+        raise DataPrepError(f"{where}{key} is not set; set it: the config the launcher compiles has every key, with "
+                            "its default from the stage's YAML (the dry run prints it)")
+    value = cfg[key]
+    kinds = typing.get_args(kind) or (kind,)
+    if not any(value is None if k is type(None) else _is(value, k) for k in kinds):
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+                 dict: "a mapping", type(None): "null"}
+        raise DataPrepError(f"{where}{key} must be {' or '.join(names[k] for k in kinds)}, not {value!r}")
+    return float(value) if kind is float else value
 
 
-def _share(cfg: dict, key: str, default: float) -> float:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise DataPrepError(f"{key} must be a number from 0 to 1, not {value!r}")
-    return float(value)
+def _is(value, kind) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
 
 
-def bool_value(cfg: dict, key: str, default: bool = False) -> bool:
-    value = cfg.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise DataPrepError(f"{key} must be true or false, not {value!r}")
-    return value
-
-
-def str_value(cfg: dict, key: str, default=None, required: bool = False) -> str | None:
-    value = cfg.get(key, default)
-    if value is None or value == "":
-        if required:
-            raise DataPrepError(f"{key} is not set")
-        return None
-    if not isinstance(value, str):
-        raise DataPrepError(f"{key} must be a string, not {value!r}")
-    return value
+def fields(cfg: dict, settings: type, **given) -> dict:
+    """The fields of the `settings` dataclass: those `given` (derived by the caller), the others taken from the
+    config by their names and declared types (`take`)."""
+    hints = typing.get_type_hints(settings)
+    return {f.name: given[f.name] if f.name in given else take(cfg, f.name, hints[f.name])
+            for f in dataclasses.fields(settings)}
 
 
 @dataclass
@@ -108,7 +104,7 @@ class Dataset:
 
 @dataclass
 class Run:
-    """The keys of every data prep (`run_values`): where its output goes and how the run goes."""
+    """The keys of every data prep (configs/_shared/data_prep.yaml): where its output goes and how the run goes."""
 
     output_dir: str
     sample: int | None
@@ -121,6 +117,7 @@ class Run:
     hf_cache_dir: str | None
     progress_interval: float
     backend: str  # cluster.BACKENDS: where the tasks run
+    object_store_mb: int
 
     @property
     def out(self) -> str:
@@ -136,41 +133,11 @@ class Common(Run):
     num_shards: int
 
 
-def common_values(cfg: dict, datasets: list, num_shards: int) -> dict:
-    """The fields of Common from the config, checked (`num_shards`: its default)."""
-    return {
-        "datasets": datasets,
-        "tokenizer": str_value(cfg, "tokenizer", required=True),
-        "num_shards": int_value(cfg, "num_shards", num_shards, 1),
-        **run_values(cfg),
-    }
-
-
-def run_values(cfg: dict) -> dict:
-    """The keys every data prep has (where its output goes and how the run goes), checked."""
-    interval = cfg.get("progress_interval", 30)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-        raise DataPrepError(f"progress_interval must be a number of seconds > 0, not {interval!r}")
-    return {
-        "output_dir": os.path.abspath(os.path.expanduser(str_value(cfg, "output_dir", required=True))),
-        "sample": int_value(cfg, "sample", None, 1, allow_none=True),
-        "force": bool_value(cfg, "force"),
-        "strict": bool_value(cfg, "strict"),
-        "max_bad_fraction": _share(cfg, "max_bad_fraction", 0.01),
-        "max_record_bytes": int_value(cfg, "max_record_bytes", line_reader.MAX_RECORD_BYTES, 1),
-        "job": (cfg.get("job") or {}).get("id") if isinstance(cfg.get("job"), dict) else None,
-        "workers": int_value(cfg, "workers", None, 1, allow_none=True),
-        "hf_cache_dir": str_value(cfg, "hf_cache_dir"),
-        "progress_interval": float(interval),
-        "backend": _backend(cfg),
-    }
-
-
-def _backend(cfg: dict) -> str:
-    backend = cfg.get("backend") or "auto"
-    if backend not in BACKENDS:
-        raise DataPrepError(f"backend must be {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, not {backend!r}")
-    return backend
+def run_given(cfg: dict) -> dict:
+    """The fields of Run that are not config keys as they stand: output_dir made absolute, the job's id."""
+    job = cfg.get("job")
+    return {"output_dir": os.path.abspath(os.path.expanduser(take(cfg, "output_dir", str))),
+            "job": job.get("id") if isinstance(job, dict) else None}
 
 
 def resolve_files(settings) -> dict:

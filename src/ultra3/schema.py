@@ -84,11 +84,11 @@ _DATA_PREP: Schema = {
     "strict": bool,  # bad records are errors instead of counted and skipped
     "max_bad_fraction": float,  # more bad records than this share of a dataset (or no tokens at all) fails the run
     "max_record_bytes": Count(1),  # a longer line or text is a bad record (too_long), never held whole
-    "workers": Count(1),  # tasks at a time (default: all CPUs)
+    "workers": Count(1),  # tasks at a time (null: all CPUs)
     "backend": Text(r"auto|processes|ray", "auto, processes or ray"),  # where the tasks run
     "hf_cache_dir": str,  # where hf:// datasets are downloaded first (shared storage)
-    "progress_interval": float,  # seconds between progress lines
-    "object_store_mb": int,  # the embedded Ray's object store (backend: ray)
+    "progress_interval": float,  # seconds between progress lines (> 0: validation/data_prep.py)
+    "object_store_mb": Count(80),  # MiB of the embedded Ray's object store (backend: ray); Ray takes no less than 75
 }
 
 DATA_PREP_PRETRAIN: Schema = {
@@ -107,13 +107,13 @@ DATA_PREP_SFT: Schema = {
     **_DATA_PREP,
     "datasets": [{**_DATASET, "messages_field": Text(r".+", "a column name (not empty)")}],
     "chat_template": str,  # a shipped template name (nemotron3) or a .jinja path
-    "pack_size": Count(1),
+    "pack_size": Count(2),
     "pad_seq_to_mult": Count(1),
     "truncate": bool,
     "valid_ratio": float,
     "test_ratio": float,
-    "seed": int,  # shuffles the order of the packs, nothing else
-    "row_group_size": Count(1),  # packs per Parquet row group (default: about 64 MiB)
+    "seed": Count(0),  # shuffles the order of the packs, nothing else
+    "row_group_size": Count(1),  # packs per Parquet row group (null: about 64 MiB)
 }
 
 # The RL blends: no tokenizer and no shards (one file per blend, a Ray task each).

@@ -17,9 +17,13 @@ from ultra3.contract import HUB_MODEL, NAME
 from ultra3.dotted import get
 from ultra3.findings import Report
 from ultra3.paths import RECIPES_DIR
-from ultra3.schema import _where
+from ultra3.schema import DATA_PREP_PRETRAIN, DATA_PREP_RL, DATA_PREP_SFT, _where
 
 HF = "hf://"
+# keys null may leave to the runtime's choice (all CPUs, the tokenizer's EOS, ...), and those checked with messages
+# of their own: every other key of a data prep needs a value (_check_set)
+NULLABLE = {"sample", "workers", "hf_cache_dir", "eod_token", "row_group_size", "revision"}
+CHECKED = {"run", "datasets", "tokenizer", "output_dir", "source", "blends", "placeholders"}
 TOKENIZER_FIX = "give a tokenizer.json, a directory holding one, or a hub model id org/name"
 
 
@@ -36,20 +40,34 @@ def validate_data_prep(cfg: dict, report: Report) -> None:
                                    f"path, e.g. output_dir={os.path.join(os.getcwd(), out)}")
     elif isinstance(out, str) and not out.startswith("@"):
         check_output_dir(cfg, out, report)
-    for key in ("num_shards", "sample", "workers", "pack_size", "valid_shards", "test_shards", "val_rows"):
-        value = get(cfg, key)
-        if value is not None and value < (0 if key.endswith("_shards") else 1):
-            report.error(key, f"{value} is out of range; use a positive number")
+    _check_set(cfg, report)
     shards, held = get(cfg, "num_shards"), (get(cfg, "valid_shards") or 0) + (get(cfg, "test_shards") or 0)
     if isinstance(shards, int) and shards >= 3 and held >= shards:  # fewer than 3 shards: all train
         report.error("valid_shards", f"valid_shards + test_shards = {held} of num_shards {shards} leave no shard to "
                                      f"train on; hold out fewer (e.g. 1 and 1) or raise num_shards",
                      quoting=("test_shards", "num_shards"))
     _check_template(cfg, report)
-    share = get(cfg, "max_bad_fraction")
-    if share is not None and not 0 <= share <= 1:
+    share, interval = get(cfg, "max_bad_fraction"), get(cfg, "progress_interval")
+    if isinstance(share, (int, float)) and not 0 <= share <= 1:
         report.error("max_bad_fraction", f"{share} is a share of a dataset's records: use a number from 0 to 1")
+    if isinstance(interval, (int, float)) and not interval > 0:
+        report.error("progress_interval", f"{interval} seconds between progress lines: use a number > 0, e.g. 30")
     _check_packing(cfg, report)
+
+
+def _check_set(cfg: dict, report: Report) -> None:
+    """Every key of the stage's schema but those null may leave to the runtime has a value: the job takes each from
+    its config as it stands (the stage's YAML holds the defaults; the runtime has none of its own)."""
+    schema = {"pretrain": DATA_PREP_PRETRAIN, "sft": DATA_PREP_SFT, "rl": DATA_PREP_RL}.get(
+        str(get(cfg, "job.stage") or "").rsplit(" ", 1)[-1], {})
+    unset = sorted(k for k in schema.keys() - NULLABLE - CHECKED if get(cfg, k) is None)
+    for key in [k for k in unset if _where(k, report.origin)]:
+        report.error(key, f"null{_where(key, report.origin)}, but the job needs a value: give one")
+    missing = [k for k in unset if not _where(k, report.origin)]
+    if missing:
+        also = f" (nor {', '.join(missing[1:])})" if missing[1:] else ""
+        report.error(missing[0], f"not set{also}, but the job needs a value of each: set them, or start the config "
+                                 "with `defaults: [default]` (the stage's defaults)")
 
 
 def _check_datasets(cfg: dict, report: Report) -> None:
@@ -153,8 +171,11 @@ def _check_rl(cfg: dict, report: Report) -> None:
     for name, entry in (get(cfg, "placeholders") or {}).items():
         if entry and entry.get("path"):
             _check_path(cfg, entry["path"], f"placeholders.{name}.path", report)
-    sample, val_rows = get(cfg, "sample"), get(cfg, "val_rows") or 100
-    if sample and 0 < sample <= val_rows:
+            if not entry.get("split"):
+                report.error(f"placeholders.{name}.split", f"no split of {entry['path']} to restore rows from; name "
+                                                           "one (dapo: train, skywork: math)")
+    sample, val_rows = get(cfg, "sample"), get(cfg, "val_rows")
+    if sample and val_rows and 0 < sample <= val_rows:
         report.error("sample", f"{sample} rows per blend leave nothing to train on after the last val_rows="
                                f"{val_rows}; sample more than {val_rows} or lower val_rows", quoting=("val_rows",))
 
