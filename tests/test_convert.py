@@ -85,8 +85,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(cli_here, home, tmp_path, 
     assert not (home / "nemorun").exists()  # no job dir, nothing submitted
 
 
-def test_a_checkpoint_of_the_same_model_at_another_layout_is_taken(cli_here, tmp_path):
-    ckpt = megatron_dir(tmp_path / "tiny", {**TINY_MODEL, "hybrid_layer_pattern": "MEM|*EME"})
+@pytest.mark.parametrize("pattern", ["MEM|*EME", "MEM*EME/*E/*E"])  # another layout; the MTP block as saved
+def test_a_checkpoint_of_the_same_model_is_taken(cli_here, tmp_path, pattern):
+    ckpt = megatron_dir(tmp_path / "tiny", {**TINY_MODEL, "hybrid_layer_pattern": pattern})
     r = cli_here("convert", "megatron-to-hf", "-c", "tiny", "--dry-run", f"megatron_checkpoint={ckpt}")
     assert r.rc == 0, r.err
     assert f"megatron_checkpoint = {ckpt}  (set in command line)" in r.out

@@ -60,7 +60,7 @@ def test_every_steps_errors_are_listed_and_nothing_is_written(cli, home):
     (["--from", "nope"], "error: --from nope: no such step; the pipe's steps are data-pretrain, pretrain, "
                          "data-sft, sft, quantize"),
     (["--from", "sft", "--to", "pretrain"], "error: --to pretrain comes before --from sft"),
-    (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, post_training, tiny, or give a "
+    (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, from_release, post_training, tiny, or give a "
                      "path"),
 ])
 def test_bad_pipe_arguments_are_one_line(cli, home, args, message):

@@ -77,7 +77,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
            if k in reads or not executors.readers(k) or _set_by_user(f"run.{k}", origin)}
     check_run_keys(run, executor, report, origin, "run.")
     schemas.check({k: v for k, v in tree.items() if k not in ("run", "job")},
-                  {**{k: v for k, v in stage.schema().items() if k != "run"}, "cluster": CLUSTER}, report, origin)
+                  {**{k: v for k, v in stage.parts().schema.items() if k != "run"}, "cluster": CLUSTER}, report, origin)
     # every error in one round: the later checks run on what is left; a check tripping over a value already
     # reported stays quiet
     early, first = {f.key for f in report.errors}, len(report.findings)
@@ -114,7 +114,7 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     executors.executor(executor).check(stage, config["run"], profile, report)
     job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
     _settle_inputs(job)
-    stage.validate(config, report)
+    stage.parts().validate(config, report)
     return job
 
 
@@ -128,7 +128,7 @@ def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: 
     if sized and "run.nodes" in values:
         report.note("run.nodes", f"{values.pop('run.nodes')} from {profile.source} is not used: {sized} sizes "
                                  "this job (run.nodes=N on the command line overrides it)")
-    values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.schema(), k)})
+    values.update({k: v for k, v in profile.stage_values.items() if schemas.has_key(stage.parts().schema, k)})
     reads, build = dict(stage.profile_keys), {}
     finds_image = stage.image is not None and executors.executor(profile.executor).asks_image \
         and profile.values.get("container_image") in (None, *images.KINDS)
@@ -165,7 +165,8 @@ def _settle_inputs(job: Job) -> None:
             job.flat[inp.key] = src.path
     artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report,
                           producers)
-    job.stage.settle(job)  # keys derived from the inputs, before the outputs are addressed
+    if settle := job.stage.parts().settle:  # keys derived from the inputs, before the outputs are addressed
+        settle(job)
     digest = artifacts.digest(job.config, job.stage, job.sources)
     _address_outputs(job, digest)
     produced = artifacts.produces(job.stage, job.config)

@@ -1,6 +1,6 @@
 """What a job will cost, estimated before it is submitted: wall time and GPU-hours (CPU core-hours for CPU
 stages) from the config's token or step budget and a stated throughput model, or, when an earlier run of the
-same config completed, from its measured rate. Each stage's module gives its model (`Stage.cost`): one
+same config completed, from its measured rate. Each stage's module gives its model (`Parts.cost`): one
 per kind of work, `(config, measured) -> Estimate`, where `measured` are the artifact manifests
 (recipes/contract.py) of earlier jobs of the same stage and config digest, newest first.
 
@@ -157,7 +157,7 @@ def estimate(job) -> Estimate | None:
     job's artifact store when there are any."""
     measured = [m for m in job.store.manifests()
                 if m.get("stage") == job.stage.name and m.get("config_digest") == job.digest]
-    return job.stage.cost(job.config, measured)
+    return job.stage.parts().cost(job.config, measured)
 
 
 def total(estimates: list[Estimate]) -> Estimate:

@@ -1,4 +1,4 @@
-"""The data preps' cost model (Stage.cost of `data prep pretrain|sft|rl`): tokens from the inputs' sizes at a
+"""The data preps' cost model (Parts.cost of `data prep pretrain|sft|rl`): tokens from the inputs' sizes at a
 per-core tokenizer rate, RL blends by their bytes; a completed run of the same config gives a measured rate.
 Stdlib only, like ultra3.cost, whose Estimate and helpers it shares; docs/cost.md lists the figures."""
 

@@ -1,12 +1,13 @@
 """What a stage is, below everything that uses one: its command words, config dir, runtime module, launch kind,
 resources, preflight checks, the artifacts it consumes and produces, and its hooks. The stages themselves are
-in ultra3.stages, one module a family; each overrides the hooks it has, importing their code down. A hook's
-`job` is the compiled ultra3.job.Job, which holds its stage: the two modules do not import each other."""
+in ultra3.stages, one module a family; each gives its stages' parts (schema, rules, cost model, hooks) through a
+function that imports them down when first asked, so the CLI starts without them. A hook's `job` is the compiled
+ultra3.job.Job, which holds its stage: the two modules do not import each other."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:
     from .cost import Estimate
@@ -57,6 +58,16 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Parts:
+    schema: dict  # the typed schema of its config (ultra3.schema)
+    validate: Callable[[dict[str, Any], Report], None]  # its rules, run on the resolved config after the schema
+    cost: Callable[[dict[str, Any], list[dict]], Estimate]  # what the job will take (ultra3.cost), from the config
+    # and earlier measured runs
+    settle: Callable[[Any], None] | None = None  # keys derived once the inputs are known (job -> None)
+    done: Callable[[Any], str | None] | None = None  # why submitting is not needed, its output up to date (job)
+
+
+@dataclass(frozen=True)
 class Stage:
     words: tuple[str, ...]  # the command path under `ultra3`, e.g. ("data", "prep", "sft")
     summary: str
@@ -65,6 +76,7 @@ class Stage:
     launch: Launch  # torchrun over the GPUs of each node (one rank: the script itself), a Ray cluster, or the
     # recipe as one process
     checks: tuple[str, ...]  # recipes/preflight.py checks, by name, run first in the job
+    parts: Callable[[], Parts]  # its schema, rules, cost model and hooks, imported when called
     examples: tuple[str, ...] = ()
     flags: tuple[Flag, ...] = ()  # options of this stage only
     inputs: tuple[Input, ...] = ()
@@ -81,23 +93,3 @@ class Stage:
     @property
     def slug(self) -> str:  # job names, directories
         return "ultra3-" + "-".join(self.words)
-
-    # -- hooks: a family overrides those it has ------------------------------------------------------------
-
-    def schema(self) -> dict:
-        """The typed schema of its config (ultra3.schema)."""
-        raise NotImplementedError
-
-    def validate(self, cfg: dict[str, Any], report: Report) -> None:
-        """The stage's rules, run on the resolved config after the schema."""
-
-    def cost(self, config: dict[str, Any], measured: list[dict]) -> Estimate | None:
-        """What the job will take (ultra3.cost), from the config and earlier measured runs; None: no model."""
-        return None
-
-    def settle(self, job) -> None:
-        """Keys derived once the inputs are known, before the outputs are addressed."""
-
-    def done(self, job) -> str | None:
-        """Why submitting is not needed (its output is up to date), or None."""
-        return None

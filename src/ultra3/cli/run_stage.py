@@ -19,7 +19,7 @@ def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
 
         print_dry_run(job)
         return
-    if why := stage.done(job):  # up to date: nothing to submit
+    if (done := stage.parts().done) and (why := done(job)):  # up to date: nothing to submit
         print(why)
         return
     from ..launch import launch

@@ -3,39 +3,21 @@ its digest, on a node itself (no image around the job)."""
 
 from __future__ import annotations
 
-from ..stage import Stage
+from ..stage import Parts, Stage
 
 
-class ContainerBuild(Stage):
-    def schema(self) -> dict:
-        from ..schema import CONTAINER
+def parts() -> Parts:
+    from ..cost import image_build
+    from ..images import built_already, settle
+    from ..schema import CONTAINER
+    from ..validation.container import validate_container
 
-        return CONTAINER
-
-    def validate(self, cfg, report) -> None:
-        from ..validation.container import validate_container
-
-        validate_container(cfg, report)
-
-    def cost(self, config, measured):
-        from ..cost import image_build
-
-        return image_build(config, measured)
-
-    def settle(self, job) -> None:
-        from ..images import settle
-
-        settle(job)
-
-    def done(self, job) -> str | None:
-        from ..images import built_already
-
-        return built_already(job)
+    return Parts(CONTAINER, validate_container, image_build, settle=settle, done=built_already)
 
 
-BUILD = ContainerBuild(
+BUILD = Stage(
     ("container", "build"), "Build an image kind (training, rl, data) with podman into an enroot .sqsh named "
-    "by its digest.", "container", "container_build", "process", ("python_version", "build_tools"),
+    "by its digest.", "container", "container_build", "process", ("python_version", "build_tools"), parts,
     image=None, named_configs=True,
     profile_keys=(("build_partition", "run.partition"), ("build_time", "run.time"),
                   ("build_cache_dir", "cache_dir"), ("build_registry", "registry")),

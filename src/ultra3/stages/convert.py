@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..stage import Input, Output, Stage
+from ..stage import Input, Output, Parts, Stage
 
 CHECKS = ("python_version", "image", "training_packages", "gpus", "inputs")
 BYTES_PER_PARAM = 2  # BF16 weights, on both sides
@@ -21,50 +21,22 @@ SHAPE_KEYS = ("num_layers", "hybrid_layer_pattern", "hidden_size", "ffn_hidden_s
               "moe_shared_expert_intermediate_size", "moe_latent_size", "mtp_num_layers", "vocab_size")
 
 
-class Convert(Stage):
-    def schema(self) -> dict:
-        from ..forms import Count
-        from ..megatron_api import container_sections
-
-        return {
-            "run": None,
-            "hf_model": str,  # hf-to-megatron: the source; megatron-to-hf: the model whose config the export takes
-            "megatron_checkpoint": str,  # megatron-to-hf: the source (a checkpoint.save dir)
-            "output_dir": str,
-            "make_checkpoint": bool,  # build a seeded random hf_model of `model` first (the tiny flow)
-            "tokenizer": str,  # tokenizer.json of a made checkpoint
-            "seed": int,
-            "parity": {"tokens": Count(1), "data": str, "max_relative_error": float, "min_top1": float},
-            "model": container_sections()["model"],  # the layout the Megatron side runs at, and the shape
-        }
-
-    def validate(self, cfg: dict, report) -> None:
-        _output_dir(cfg, report)
-        _hf_model(cfg, report)
-        if self.words[-1] == "megatron-to-hf":
-            _checkpoint(cfg, report)
-        _parity(cfg, report)
-        from ..validation import parallelism
-
-        parallelism.check(cfg, report)
-        _memory(cfg, report)
-
-    def cost(self, config, measured):
-        return _cost(config, measured)
+def parts() -> Parts:
+    return Parts(_schema(), _validate, _cost)
 
 
-HF_TO_MEGATRON = Convert(
+HF_TO_MEGATRON = Stage(
     ("convert", "hf-to-megatron"), "Import a Hugging Face Nemotron-H checkpoint into Megatron-Bridge, gated by "
-    "logit parity.", "convert/hf_to_megatron", "convert", "torchrun", CHECKS,
+    "logit parity.", "convert/hf_to_megatron", "convert", "torchrun", CHECKS, parts,
     inputs=(Input("model", "hf_model", ("hf-checkpoint",), unless="make_checkpoint"),),
     outputs=(Output("pretrain-checkpoint", "output_dir"),),
     examples=("ultra3 convert hf-to-megatron --batch mycluster --dry-run",
               "ultra3 convert hf-to-megatron --batch mycluster output_dir=/lustre/ckpt/ultra-base",
               "ultra3 convert hf-to-megatron -c tiny --run gpu-box"),
 )
-MEGATRON_TO_HF = Convert(
+MEGATRON_TO_HF = Stage(
     ("convert", "megatron-to-hf"), "Export a Megatron-Bridge checkpoint to Hugging Face, gated by logit parity.",
-    "convert/megatron_to_hf", "convert", "torchrun", CHECKS,
+    "convert/megatron_to_hf", "convert", "torchrun", CHECKS, parts,
     inputs=(Input("checkpoint", "megatron_checkpoint", ("sft-checkpoint", "pretrain-checkpoint")),),
     outputs=(Output("hf-checkpoint", "output_dir"),),
     examples=("ultra3 convert megatron-to-hf --batch mycluster --dry-run",
@@ -73,7 +45,36 @@ MEGATRON_TO_HF = Convert(
 )
 
 
-# -- rules --------------------------------------------------------------------------------------------------------
+# -- schema and rules ---------------------------------------------------------------------------------------------
+
+
+def _schema() -> dict:
+    from ..forms import Count
+    from ..megatron_api import container_sections
+
+    return {
+        "run": None,
+        "hf_model": str,  # hf-to-megatron: the source; megatron-to-hf: the model whose config the export takes
+        "megatron_checkpoint": str,  # megatron-to-hf: the source (a checkpoint.save dir)
+        "output_dir": str,
+        "make_checkpoint": bool,  # build a seeded random hf_model of `model` first (the tiny flow)
+        "tokenizer": str,  # tokenizer.json of a made checkpoint
+        "seed": int,
+        "parity": {"tokens": Count(1), "data": str, "max_relative_error": float, "min_top1": float},
+        "model": container_sections()["model"],  # the layout the Megatron side runs at, and the shape
+    }
+
+
+def _validate(cfg: dict, report) -> None:
+    _output_dir(cfg, report)
+    _hf_model(cfg, report)
+    if (cfg.get("job") or {}).get("stage") == MEGATRON_TO_HF.name:
+        _checkpoint(cfg, report)
+    _parity(cfg, report)
+    from ..validation import parallelism
+
+    parallelism.check(cfg, report)
+    _memory(cfg, report)
 
 
 def _local(path: Any) -> str | None:
@@ -154,8 +155,9 @@ def _checkpoint(cfg: dict, report) -> None:
 
 
 def _shape(value: Any) -> Any:
-    """A layer pattern without its pipeline splits ('|'), so a layout change is not a model change."""
-    return value.replace("|", "") if isinstance(value, str) else value
+    """A layer pattern without its pipeline splits ('|') and the MTP block Megatron-Bridge appends when it saves
+    ('MEM*EME/*E/*E'), so neither a layout change nor the save is a model change."""
+    return value.replace("|", "").split("/")[0] if isinstance(value, str) else value
 
 
 def _parity(cfg: dict, report) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..stage import Flag, Output, Stage
+from typing import Callable
+
+from ..stage import Flag, Output, Parts, Stage
 
 FLAGS = (
     Flag("sample", int, "Process only the first N records of each dataset, into <output_dir>/sample-N."),
@@ -11,27 +13,21 @@ FLAGS = (
 CHECKS = ("python_version", "image", "data_prep_packages", "data_prep_inputs")
 
 
-class DataPrep(Stage):
-    def schema(self) -> dict:
+def parts(kind: str) -> Callable[[], Parts]:
+    def of_kind() -> Parts:
         from .. import schema
-
-        return {"pretrain": schema.DATA_PREP_PRETRAIN, "sft": schema.DATA_PREP_SFT,
-                "rl": schema.DATA_PREP_RL}[self.words[-1]]
-
-    def validate(self, cfg, report) -> None:
+        from ..cost_data_prep import data_prep
         from ..validation.data_prep import validate_data_prep
 
-        validate_data_prep(cfg, report)
+        kinds = {"pretrain": schema.DATA_PREP_PRETRAIN, "sft": schema.DATA_PREP_SFT, "rl": schema.DATA_PREP_RL}
+        return Parts(kinds[kind], validate_data_prep, data_prep)
 
-    def cost(self, config, measured):
-        from ..cost_data_prep import data_prep
-
-        return data_prep(config, measured)
+    return of_kind
 
 
-def _data_prep(kind: str, summary: str, output: Output, examples: tuple[str, ...]) -> DataPrep:
-    return DataPrep(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", CHECKS,
-                    examples=examples, flags=FLAGS, outputs=(output,), image="data")
+def _data_prep(kind: str, summary: str, output: Output, examples: tuple[str, ...]) -> Stage:
+    return Stage(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", CHECKS,
+                 parts(kind), examples=examples, flags=FLAGS, outputs=(output,), image="data")
 
 
 PRETRAIN = _data_prep("pretrain", "Tokenize pretraining corpora into Megatron bin/idx shards on Ray.",

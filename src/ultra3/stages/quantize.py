@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-from ..stage import Input, Output, Stage
+from ..stage import Input, Output, Parts, Stage
 
 
-class Quantize(Stage):
-    def schema(self) -> dict:
-        from ..schema import QUANTIZE as SCHEMA
+def parts() -> Parts:
+    from ..cost import quantize
+    from ..schema import QUANTIZE as SCHEMA
+    from ..validation.quantize import validate_quantize
 
-        return SCHEMA
-
-    def validate(self, cfg, report) -> None:
-        from ..validation.quantize import validate_quantize
-
-        validate_quantize(cfg, report)
-
-    def cost(self, config, measured):
-        from ..cost import quantize
-
-        return quantize(config, measured)
+    return Parts(SCHEMA, validate_quantize, quantize)
 
 
-QUANTIZE = Quantize(
+QUANTIZE = Stage(
     ("quantize",), "NVFP4 post-training quantization with ModelOpt into a Hugging Face checkpoint.",
-    "quantize", "quantize", "torchrun", ("python_version", "image", "quantize_packages", "gpus", "inputs"),
+    "quantize", "quantize", "torchrun", ("python_version", "image", "quantize_packages", "gpus", "inputs"), parts,
     inputs=(Input("checkpoint", "bf16_checkpoint", ("mopd-policy", "rlvr-policy", "sft-checkpoint",
                                                     "pretrain-checkpoint"), unless="make_checkpoint"),
             Input("calibration", "calibration.path", ("sft-data",), required=False)),

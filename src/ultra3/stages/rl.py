@@ -4,38 +4,25 @@
 from __future__ import annotations
 
 from ..nemo_rl_api import TEACHER_ROLES
-from ..stage import Input, Output, Stage
+from ..stage import Input, Output, Parts, Stage
 
 # NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
 CHECKS = ("python_version", "image", "shared_dir", "nemo_rl", "gpus", "inputs")
 DATA = Input("data", "data.dir", ("rl-data",), same_config=False)
 
 
-class RL(Stage):
-    def schema(self) -> dict:
-        from ..schema import RL as SCHEMA
+def parts() -> Parts:
+    from ..cost import rl
+    from ..nemo_rl_config import settle
+    from ..schema import RL
+    from ..validation.rl import validate_rl
 
-        return SCHEMA
-
-    def validate(self, cfg, report) -> None:
-        from ..validation.rl import validate_rl
-
-        validate_rl(cfg, report)
-
-    def cost(self, config, measured):
-        from ..cost import rl
-
-        return rl(config, measured)
-
-    def settle(self, job) -> None:
-        from ..nemo_rl_config import settle
-
-        settle(job)
+    return Parts(RL, validate_rl, rl, settle=settle)
 
 
-def _rl(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> RL:
-    return RL(("rl", step), summary, f"rl/{step}", "rl", "ray", CHECKS, examples=examples, inputs=inputs,
-              outputs=(Output(output, "output_dir"),), outputs_by="experiment", image="rl")
+def _rl(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> Stage:
+    return Stage(("rl", step), summary, f"rl/{step}", "rl", "ray", CHECKS, parts, examples=examples, inputs=inputs,
+                 outputs=(Output(output, "output_dir"),), outputs_by="experiment", image="rl")
 
 
 RLVR = _rl("rlvr", "Student RLVR: GRPO with verifiable rewards from the SFT policy, NeMo RL on Ray over Slurm.",

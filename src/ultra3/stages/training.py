@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-from ..stage import Input, Output, Stage
+from ..stage import Input, Output, Parts, Stage
 
 CHECKS = ("python_version", "image", "training_packages", "kernels", "gpus", "inputs")
 
 
-class Training(Stage):
-    def schema(self) -> dict:
-        from ..schema import TRAINING
+def parts() -> Parts:
+    from ..cost import training
+    from ..schema import TRAINING
+    from ..validation import validate_training
 
-        return TRAINING
-
-    def validate(self, cfg, report) -> None:
-        from ..validation import validate_training
-
-        validate_training(cfg, report)
-
-    def cost(self, config, measured):
-        from ..cost import training
-
-        return training(config, measured)
+    return Parts(TRAINING, validate_training, training)
 
 
-PRETRAIN = Training(
+PRETRAIN = Stage(
     ("pretrain",), "Pretrain Nemotron 3 Ultra with Megatron-Bridge (NVFP4 by default).", "pretrain", "pretrain",
-    "torchrun", CHECKS,
+    "torchrun", CHECKS, parts,
     inputs=(Input("data", "dataset.blend_path", ("pretrain-data",), unless="dataset.mock"),),
     outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
     examples=(
@@ -36,8 +27,9 @@ PRETRAIN = Training(
     ),
 )
 
-SFT = Training(
+SFT = Stage(
     ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.", "sft", "sft", "torchrun", CHECKS,
+    parts,
     inputs=(Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), unless="checkpoint.load",
                   optional_when="recipe.allow_random_init"),
             Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),
