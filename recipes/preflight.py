@@ -128,7 +128,8 @@ def quantize_packages(cfg: dict) -> str | None:
     packages."""
     if cfg.get("backend") == "megatron":
         return training_packages(cfg)
-    missing = [f"{m} ({err})" for m in ("modelopt", "transformers", "safetensors", "requests") if (err := _importable(m))]
+    missing = [f"{m} ({err})" for m in ("modelopt", "transformers", "safetensors", "requests")
+               if (err := _importable(m))]
     if missing:
         py = sys.executable
         return (f"not importable: {', '.join(missing)}; install them in the job's Python: `{py} -m pip install "

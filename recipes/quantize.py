@@ -99,7 +99,8 @@ def load_recipe(name: str) -> dict:
         raise QuantizeError(f"modelopt_recipe: cannot load {name!r} ({first}); give a recipe shipped in ModelOpt's "
                             "modelopt_recipes/ (without .yaml) or a recipe YAML file") from None
     if getattr(recipe, "quantize", None) is None:
-        raise QuantizeError(f"modelopt_recipe: {name!r} is not a post-training quantization recipe (no `quantize` section)")
+        raise QuantizeError(f"modelopt_recipe: {name!r} is not a post-training quantization recipe "
+                            "(no `quantize` section)")
     return recipe.quantize.model_dump()
 
 
@@ -136,8 +137,9 @@ def plan(config, quant_cfg: dict, recipe: str) -> dict:
     if not precision.enabled_quantizers(model):
         patterns = [e["quantizer_name"] for e in quant_cfg["quant_cfg"]
                     if e.get("enable", True) and (e.get("cfg") or {}).get("enable", True)]
-        raise QuantizeError(f"modelopt_recipe: {recipe} matches no module of the {config.model_type} model: none of its "
-                            f"patterns {', '.join(patterns)} names a quantizer; use a recipe written for this model")
+        raise QuantizeError(f"modelopt_recipe: {recipe} matches no module of the {config.model_type} model: "
+                            f"none of its patterns {', '.join(patterns)} names a quantizer; "
+                            "use a recipe written for this model")
     return precision.summary(model)
 
 

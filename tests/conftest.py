@@ -59,6 +59,18 @@ gpu = "h100"
 executor = "local"
 gpu = "h100"
 """
+# the RL stages' cluster: a GB200 Slurm profile, added to env.toml by the `gb200` fixture
+GB200 = """
+[gb200]
+executor = "slurm"
+account = "ultra3"
+partition = "batch"
+gpu = "gb200"
+gpus_per_node = 4
+time = "04:00:00"
+container_image = "/lustre/images/nemo-rl.sqsh"
+mounts = ["/lustre:/lustre"]
+"""
 
 
 MODULE_MARKS = re.compile(r"^pytestmark = \[?(pytest\.mark\.\w+(?:, pytest\.mark\.\w+)*)", re.M)
@@ -107,6 +119,13 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("NEMOTRON_ENV_FILE", raising=False)
     monkeypatch.chdir(work)
     return state
+
+
+@pytest.fixture
+def gb200(home) -> Path:
+    """The working directory's env.toml with a GB200 Slurm profile (4 GPUs a node) added: the RL stages' cluster."""
+    Path("env.toml").write_text(Path("env.toml").read_text() + GB200)
+    return home
 
 
 @pytest.fixture
@@ -233,15 +252,16 @@ def free_ports(n: int) -> list[int]:
 # The inputs of the shipped training configs that no artifact store holds in a test: paths on a cluster
 # (for a Slurm profile, a path missing on this machine is a warning).
 INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
-          ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
+          ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft",
+                               "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
           ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"],
           ("convert megatron-to-hf", "default"): ["megatron_checkpoint=/lustre/ckpt/sft"],
           ("convert megatron-to-hf", "tiny"): ["megatron_checkpoint=/lustre/ckpt/sft-tiny"]}
 SANDBOX = "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh"
 RL_INPUTS = {"rl rlvr": ["policy=/lustre/ckpt/sft-hf", "data.dir=/lustre/data/rl", SANDBOX],
              "rl teacher": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"],
-             "rl mopd": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl", "teachers.general=/lustre/ckpt/rlvr-hf",
-                         SANDBOX]}
+             "rl mopd": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl",
+                         "teachers.general=/lustre/ckpt/rlvr-hf", SANDBOX]}
 RL_EXTRA = {("rl teacher", "swe"): ["sif_dir=/lustre/sif"]}
 RL_JUDGES = ["judges.genrm_model=/lustre/models/genrm"]  # GenRM has no public default
 

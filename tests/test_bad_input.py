@@ -253,7 +253,8 @@ CASES = [
     Case("executor-account-locally", ["pretrain", "-c", "tiny", "run.account=me", "-d"],
          [r"run\.account: is only used by the slurm executor, not local; "]),
     Case("executor-slurm-without-account", ["pretrain", "-c", "tiny", "--env-file", "bad.toml", "--batch", "noacct"],
-         [r"run\.account: the slurm executor needs an account; set account in bad\.toml \[noacct\] or run\.account=NAME$"], submits=True),
+         [r"run\.account: the slurm executor needs an account; set account in bad\.toml \[noacct\] "
+          r"or run\.account=NAME$"], submits=True),
     Case("executor-ssh-without-user-and-job-dir",
          ["pretrain", "-c", "tiny", "--env-file", "bad.toml", "--batch", "ssh"],
          [r"run\.user: submitting through SSH \(host=login\.example\.com\) needs user; set it in bad\.toml \[ssh\]$",
@@ -306,7 +307,8 @@ CASES = [
     Case("value-inf-lr", ["pretrain", "-c", "tiny", "optimizer.lr=.inf", "-d"],
          [r"optimizer\.lr: must be a finite number, got inf \(set in command line\)$"]),
     Case("value-past-int64", ["pretrain", "-c", "tiny", "train.train_iters=99999999999999999999999", "-d"],
-         [r"train\.train_iters: must be an integer within 64 bits, got 99999999999999999999999 \(set in command line\)$"]),
+         [r"train\.train_iters: must be an integer within 64 bits, got 99999999999999999999999 "
+          r"\(set in command line\)$"]),
     *[Case(f"value-zero-{key.split('.')[-1]}", ["pretrain", "-c", "tiny", f"{key}=0", "-d"],
            [rf"{key.replace('.', chr(92) + '.')}: {key.replace('.', chr(92) + '.')}=0 must be 1 or more; "]
            + extra)
@@ -345,14 +347,16 @@ CASES = [
          [rf"mixed_precision: {NVFP4} trains in NVFP4, which needs SM 10\.0/10\.3 \(Blackwell\), but h100 is SM 9\.0; "
           r"use a Blackwell profile"], submits=True),
     Case("precision-misspelt-knob", ["pretrain", "-c", "tiny", "precision.stochastic_roundng=false", "-d"],
-         [r"precision\.stochastic_roundng: unknown key \(set in command line\); did you mean 'stochastic_rounding'\?$"]),
+         [r"precision\.stochastic_roundng: unknown key \(set in command line\); "
+          r"did you mean 'stochastic_rounding'\?$"]),
     Case("precision-knob-not-a-bool", ["pretrain", "-c", "tiny", "precision.random_hadamard_transform=maybe", "-d"],
          [r"precision\.random_hadamard_transform: must be true/false, got 'maybe' \(set in command line\)$"]),
     Case("precision-bf16-modules-not-a-list", ["pretrain", "-c", "tiny", "precision.bf16_modules='*.mixer.out_proj'",
                                               "-d"],
          [r"precision\.bf16_modules: must be a list of str, got '\*\.mixer\.out_proj' \(set in command line\)$"]),
-    Case("precision-knob-env-set-by-hand", ["pretrain", "-c", "tiny", "--batch", "blackwell", f"mixed_precision={NVFP4}",
-                                           "run.env.NVTE_NVFP4_DISABLE_RHT=1", "model.mamba_num_heads=16"],
+    Case("precision-knob-env-set-by-hand", ["pretrain", "-c", "tiny", "--batch", "blackwell",
+                                           f"mixed_precision={NVFP4}", "run.env.NVTE_NVFP4_DISABLE_RHT=1",
+                                           "model.mamba_num_heads=16"],
          [r"run\.env\.NVTE_NVFP4_DISABLE_RHT: NVTE_NVFP4_DISABLE_RHT is exported from "
           r"precision\.random_hadamard_transform \(set in command line\); remove it and set "
           r"precision\.random_hadamard_transform=true/false$"], submits=True),

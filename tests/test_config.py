@@ -35,7 +35,8 @@ def test_find_config_by_name_and_by_path(tmp_path):
     assert find_config("pretrain", "tiny") == CONFIGS_DIR / "pretrain" / "tiny.yaml"
     mine = write(tmp_path / "mine.yml", "train: {train_iters: 1}\n")
     assert find_config("pretrain", str(mine)) == mine
-    with pytest.raises(UserError, match=r"--config: no config 'nope' for this stage; choose one of: default, smoke, tiny"):
+    with pytest.raises(UserError,
+                       match=r"--config: no config 'nope' for this stage; choose one of: default, smoke, tiny"):
         find_config("pretrain", "nope")
     with pytest.raises(UserError, match=r"--config: no such file 'missing\.yaml'"):
         find_config("pretrain", "missing.yaml")
@@ -178,8 +179,8 @@ def deep(levels: int, leaf: str) -> dict:
     (doubling(3, "${{oc.env:ULTRA3_BIG}}${{oc.env:ULTRA3_BIG}}"), r"x\.k1: .* repeat more than 1,000,000 characters"),
     ({"x": {"a": "${oc.create:'{b: 1}'}"}}, r"x\.a: oc\.create reads text as a value while it resolves, which can "
                                             r"repeat values without bound \(set in a\.yaml\); write the value out$"),
-    ({"x": {"k": "${j}", "a": "${oc.select:${x.k}}"}, "j": "x"}, r"x\.a: the key in \$\{oc\.select:\$\{x\.k\}\} is "
-                                                                r"known only once resolved \(set in a\.yaml\); name the key"),
+    ({"x": {"k": "${j}", "a": "${oc.select:${x.k}}"}, "j": "x"},
+     r"x\.a: the key in \$\{oc\.select:\$\{x\.k\}\} is known only once resolved \(set in a\.yaml\); name the key"),
     ({"x": {"a": "${${x.n}:HOME}", "n": "oc.env"}}, r"x\.a: the resolver's name in .* is interpolated"),
     ({"x": {f"k{i}": f"${{x.k{i + 1}}}" for i in range(40)}}, r"x\.k\d+: interpolations nested more than 32 deep, "
                                                               r"each inside or naming the next \(set in a\.yaml\); "

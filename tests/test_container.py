@@ -138,18 +138,20 @@ def test_dry_run_of_a_build_shows_its_job_and_exact_script(cli_here, profiles):
     assert r.rc == 0, r.err
     image = images.kind_image("data", {}, str(profiles), "b200")
     script = section(r.out, "build script")
-    assert script.startswith(f"#!/usr/bin/env bash\n# ultra3 container build data: {image.name} (sha256 {image.digest})")
+    assert script.startswith("#!/usr/bin/env bash\n"
+                             f"# ultra3 container build data: {image.name} (sha256 {image.digest})")
     assert "--build-arg 'PACKAGES=ray[default]==2.60.0 tokenizers==0.22.2" in script
     assert f"--build-arg IMAGE_DIGEST={image.digest}" in script and "--platform linux/amd64" in script
     assert f"push \"$tag\" docker://registry.example.com/team/ultra3-data:{image.digest[:12]}" in script
-    assert f"#SBATCH --partition=cpu" in r.out and "#SBATCH --time=01:30:00" in r.out
+    assert "#SBATCH --partition=cpu" in r.out and "#SBATCH --time=01:30:00" in r.out
     assert "--container-image" not in r.out  # builds run on the node itself
-    assert re.search(r"^run.partition += cpu  <- profile 'builder' \(env.toml\), its build_\* keys$", r.out, re.M), r.out
+    assert re.search(r"^run.partition += cpu  <- profile 'builder' \(env.toml\), its build_\* keys$", r.out,
+                     re.M), r.out
     notes = [line for line in r.out.splitlines() if line.startswith("note:")]
     assert any("container_image" in n and "builds run on the node" in n for n in notes), notes
     assert "note: env.toml [builder] build_gpus_per_node: not used: the build job runs podman on the node itself, " \
            "without GPUs" in notes, notes
-    assert f"produces" not in section(r.out, "inputs and outputs (artifacts)")
+    assert "produces" not in section(r.out, "inputs and outputs (artifacts)")
 
 
 def test_a_kind_by_word_or_by_config_and_the_default_is_training(cli_here, profiles):
@@ -191,7 +193,7 @@ def test_a_stage_runs_in_its_kind_once_built_and_says_how_to_build_it_before(cli
     image = images.kind_image("training", {}, str(profiles), "b200")
     before = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run")
     assert before.rc == 0, before.err
-    hint = f"ultra3 container build training --batch plain"
+    hint = "ultra3 container build training --batch plain"
     assert any(line.startswith("warning: run.container_image:") and hint in line and image.path in line
                for line in before.out.splitlines()), before.out
     refused = cli_here("pretrain", "-c", "tiny", "--batch", "plain")

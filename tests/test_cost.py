@@ -138,7 +138,8 @@ def test_data_prep_of_hub_datasets_needs_a_sample_or_a_measurement(home):
     cfg = config("data prep pretrain")
     assert "hf://" in cost_data_prep.data_prep(cfg, []).unknown
     sampled = cost_data_prep.data_prep(config("data prep pretrain", "default", None, "sample=1000"), [])
-    assert sampled.cpu_core_hours * 3600 == pytest.approx(12 * 1000 * 2300 / 4 / cost_data_prep.TEXT_TOKENS_PER_S, rel=1e-3)
+    assert sampled.cpu_core_hours * 3600 == pytest.approx(12 * 1000 * 2300 / 4 / cost_data_prep.TEXT_TOKENS_PER_S,
+                                                          rel=1e-3)
     e = cost_data_prep.data_prep(cfg, [manifest(cfg, 3600.0, "ultra3-data-prep-pretrain_1", tokens=10**9)])
     assert e.basis == "measured: 1 h for 1,000,000,000 tokens by ultra3-data-prep-pretrain_1"
     assert e.wall_hours == pytest.approx(1.0)

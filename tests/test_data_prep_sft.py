@@ -79,7 +79,8 @@ def reference_render(messages: list, tools: list) -> tuple[str, list[tuple[int, 
                     f = call.get("function", call)
                     body += f"<tool_call>\n<function={f['name']}>\n"
                     for k, v in f["arguments"].items():
-                        body += f"<parameter={k}>\n{json.dumps(v) if isinstance(v, (dict, list)) else v}\n</parameter>\n"
+                        value = json.dumps(v) if isinstance(v, (dict, list)) else v
+                        body += f"<parameter={k}>\n{value}\n</parameter>\n"
                     body += "</function>\n</tool_call>\n"
             body += "<|im_end|>"
             out.append("<|im_start|>assistant\n")

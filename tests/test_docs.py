@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import shlex
 import sys

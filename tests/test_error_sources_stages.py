@@ -3,14 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from ultra3.findings import Report
 from ultra3.validation.data_prep import validate_data_prep
-
-from test_rl import GB200  # the RL tests' GB200 cluster profile
 
 INPUTS = ("policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl", "judges.genrm_model=/lustre/models/genrm",
           "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh")
@@ -18,12 +12,6 @@ RLVR = ("rl", "rlvr", "-c", "rlvr1", "--batch", "gb200", "--dry-run", *INPUTS)
 MOPD = ("rl", "mopd", "--batch", "gb200", "--dry-run", *INPUTS, "teachers.general=/lustre/ckpt/rlvr-hf")
 SHARED, RLVR_CFG, MOPD_CFG = "configs/_shared/rl.yaml", "configs/rl/rlvr/default.yaml", "configs/rl/mopd/default.yaml"
 TEACHER = "nemo_rl.on_policy_distillation.non_colocated_teachers.default_teacher_cfg"
-
-
-@pytest.fixture
-def gb200(home):
-    Path("env.toml").write_text(Path("env.toml").read_text() + GB200)
-    return home
 
 
 def error(r, key: str) -> str:

@@ -27,8 +27,8 @@ def test_what_a_shell_reads_unquoted_is_refused(cli_here, home, key, what, paylo
     assert r.rc == 2 and len(r.err_lines) == 1 and r.err_lines[0].startswith(f"error: run.{key}: {what}"), r.err
     _profile(f"{key} = {payload!r}".replace("'", '"') if '"' not in payload else f"{key} = '''{payload}'''")
     r = cli_here("pretrain", "-c", "tiny", "--batch", "hostile")
-    assert r.rc == 2 and len(r.err_lines) == 1 and r.err_lines[0].startswith(f"error: env.toml [hostile] {key}: {what}"), \
-        r.err
+    assert r.rc == 2 and len(r.err_lines) == 1, r.err
+    assert r.err_lines[0].startswith(f"error: env.toml [hostile] {key}: {what}"), r.err
     assert not (home / "state").exists() or not any((home / "state").rglob("config.yaml"))  # nothing written
 
 
@@ -49,7 +49,8 @@ def test_exported_variable_names_must_be_names(cli_here, home, name):
 
 def test_an_unsafe_nemorun_home_is_refused(cli_here, home, tmp_path):
     r = cli_here("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run", env={"NEMORUN_HOME": f"{tmp_path}/a;b"})
-    assert r.rc == 2 and r.err_lines[0].startswith(f"error: NEMORUN_HOME: '{tmp_path}/a;b': job dirs go under it"), r.err
+    assert r.rc == 2, r.err
+    assert r.err_lines[0].startswith(f"error: NEMORUN_HOME: '{tmp_path}/a;b': job dirs go under it"), r.err
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)

@@ -64,7 +64,8 @@ HONOURED = [
     ('batch_partition = "long"', "batch_partition: 'long' is for --batch submissions, not this --run one",
      "#SBATCH --partition=batch"),
     ("nproc_per_node = 8", "nproc_per_node: 8: one launcher per node starts one rank per GPU", "#SBATCH --nodes=1"),
-    ('remote_job_dir = "/lustre/me/jobs"', "remote_job_dir: read as job_dir", "artifacts_root: /lustre/me/jobs/artifacts"),
+    ('remote_job_dir = "/lustre/me/jobs"', "remote_job_dir: read as job_dir",
+     "artifacts_root: /lustre/me/jobs/artifacts"),
     ('sif_dir = "/lustre/sif"', "", "#SBATCH --nodes=1"),  # an RL key: only the RL stages read it (below)
     ('account = "${oc.env:ULTRA3_TEST_ACCOUNT,fallback-acct}"', "", "#SBATCH --account=fallback-acct"),
 ]
@@ -133,8 +134,8 @@ def test_an_ssh_tunnel_profile_reaches_its_login_node(cli_here, nvidia):
     write('\n[far]\nextends = "YOUR-CLUSTER"\ntunnel = "ssh"\nhost = "login.invalid"\nuser = "me"\n'
           'identity = "~/.ssh/id_ed25519"\nremote_job_dir = "/lustre/me/jobs"\n')
     r = cli_here("pretrain", "-c", "tiny", "--run", "far", "--dry-run")
-    assert r.rc == 1 and r.err_lines[-1].startswith("error: cannot read the artifact store /lustre/me/jobs/artifacts on "
-                                                    "login.invalid: ssh: "), r.err
+    assert r.rc == 1 and r.err_lines[-1].startswith("error: cannot read the artifact store "
+                                                    "/lustre/me/jobs/artifacts on login.invalid: ssh: "), r.err
 
 
 def test_wandb_run_name_and_artifacts_root_are_honoured(cli_here, nvidia, tmp_path):
@@ -179,14 +180,16 @@ def test_nvidia_quick_start_commands_work_verbatim(cli_here, nvidia):
     ("sft", "run.data", "dataset.packed_dir"),
 ])
 def test_nvidia_config_keys_are_read_as_ours(cli_here, nvidia, tmp_path, stage, alias, ours):
-    r = cli_here(stage, "--run", "YOUR-CLUSTER", "--dry-run", f"{alias}={tmp_path}", f"recipe.pretrained_checkpoint={tmp_path}")
+    r = cli_here(stage, "--run", "YOUR-CLUSTER", "--dry-run", f"{alias}={tmp_path}",
+                 f"recipe.pretrained_checkpoint={tmp_path}")
     assert f"note: {alias}: read as {ours} (NVIDIA's CLI name; set in command line)" in r.out.splitlines(), r.out[:2000]
     assert f"{ours} = {tmp_path}  (set in command line)" in r.out
 
 
 def test_nvidia_config_keys_in_a_config_file_and_their_misuses(cli_here, nvidia, tmp_path):
     mine = tmp_path / "mine.yaml"  # -c PATH, as NVIDIA's CLI takes it, with its key for the blend
-    mine.write_text(f"defaults: [tiny]\ndataset:\n  mock: false\ndata:\n  per_split_data_args_path: {tmp_path}/blend.json\n")
+    mine.write_text("defaults: [tiny]\ndataset:\n  mock: false\n"
+                    f"data:\n  per_split_data_args_path: {tmp_path}/blend.json\n")
     r = cli_here("pretrain", "-c", str(mine), "--dry-run")  # read as ours: checked as ours
     assert r.rc == 2 and r.err_lines == [f"error: dataset.blend_path: {tmp_path}/blend.json does not exist (set in "
                                          f"{mine}); run `ultra3 data prep pretrain` or fix the path"], r.err
@@ -194,8 +197,8 @@ def test_nvidia_config_keys_in_a_config_file_and_their_misuses(cli_here, nvidia,
     assert skip.rc == 0 and "note: run.data: null (set in command line): NVIDIA's way to skip the artifact lookup" \
         in skip.out
     both = cli_here("pretrain", "-c", "tiny", "--dry-run", "run.data=a:latest", "dataset.blend_path=/b")
-    assert both.rc == 2 and "error: run.data: and dataset.blend_path both set in command line; keep dataset.blend_path" \
-        in both.err_lines, both.err
+    assert both.rc == 2 and "error: run.data: and dataset.blend_path both set in command line; " \
+        "keep dataset.blend_path" in both.err_lines, both.err
     none = cli_here("quantize", "-c", "tiny", "--dry-run", "dataset.ultra3_packed_sft_dir=/x")
     assert none.rc == 2 and none.err_lines == [
         "error: dataset.ultra3_packed_sft_dir: NVIDIA's CLI key for a stage that takes sft-data as its data input; "

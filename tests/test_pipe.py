@@ -60,8 +60,8 @@ def test_every_steps_errors_are_listed_and_nothing_is_written(cli, home):
     (["--from", "nope"], "error: --from nope: no such step; the pipe's steps are data-pretrain, pretrain, "
                          "data-sft, sft, quantize"),
     (["--from", "sft", "--to", "pretrain"], "error: --to pretrain comes before --from sft"),
-    (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, from_release, post_training, tiny, or give a "
-                     "path"),
+    (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, from_release, "
+                     "post_training, tiny, or give a path"),
 ])
 def test_bad_pipe_arguments_are_one_line(cli, home, args, message):
     r = cli("pipe", *args, "--dry-run")
@@ -87,8 +87,8 @@ def test_a_required_input_with_nothing_to_take_names_the_stage_to_run(cli, home)
     assert r.rc == 2
     line = next(line for line in r.err_lines if line.startswith("error: dataset.blend_path"))
     assert "no pretrain-data artifact for this machine in " in line
-    assert "run `ultra3 data prep pretrain -c tiny` first, or set dataset.blend_path=PATH (or job:ID, NAME:latest) (not " \
-           "needed when dataset.mock is set)" in line
+    assert "run `ultra3 data prep pretrain -c tiny` first, or set dataset.blend_path=PATH (or job:ID, NAME:latest) " \
+           "(not needed when dataset.mock is set)" in line
     batch = cli("sft", "--batch", "ci", "--dry-run", "dataset.mock=true")
     assert batch.rc == 2
     assert any("no pretrain-checkpoint artifact for profile 'ci'" in line and

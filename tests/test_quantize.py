@@ -59,8 +59,9 @@ def flow(tmp_path_factory) -> dict:
     p = run_script(cfg, tmp / "config.yaml")
     assert p.returncode == 0, p.stdout + p.stderr
     out = Path(cfg["output_dir"])
-    return {"cfg": cfg, "out": out, "log": p.stdout, "src": tensors(Path(cfg["bf16_checkpoint"]) / "model.safetensors"),
-            "q": tensors(out / "model.safetensors"), "report": json.loads((out / "quantization_report.json").read_text())}
+    return {"cfg": cfg, "out": out, "log": p.stdout,
+            "src": tensors(Path(cfg["bf16_checkpoint"]) / "model.safetensors"), "q": tensors(out / "model.safetensors"),
+            "report": json.loads((out / "quantization_report.json").read_text())}
 
 
 def kind(name: str) -> str:
@@ -144,7 +145,7 @@ def dequantize(q: dict) -> dict:
         stem = name.removesuffix(".weight")
         if t.dtype == torch.uint8:
             codes = torch.stack([t & 0x0F, t >> 4], dim=-1).reshape(t.shape[0], -1).long()
-            scale = q[f"{stem}.weight_scale"].float().repeat_interleave(16, dim=-1) * q[f"{stem}.weight_scale_2"].float()
+            scale = q[f"{stem}.weight_scale"].float().repeat_interleave(16, -1) * q[f"{stem}.weight_scale_2"].float()
             t = E2M1[codes] * scale
         elif t.dtype == torch.float8_e4m3fn:
             t = t.float() * q[f"{stem}.weight_scale"].float()
@@ -212,8 +213,8 @@ def test_cpu_fallback_matches_modelopt_reference_quantizer():
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(change, message, tmp_path):
     (tmp_path / "nomatch.yaml").write_text(yaml.safe_dump({"metadata": {"recipe_type": "ptq"}, "quantize": {
-        "algorithm": "max", "quant_cfg": [{"quantizer_name": "*", "enable": False},
-                                          {"quantizer_name": "*decoder.no_such_module*", "cfg": {"num_bits": [4, 3]}}]}}))
+        "algorithm": "max", "quant_cfg": [{"quantizer_name": "*", "enable": False}, {
+            "quantizer_name": "*decoder.no_such_module*", "cfg": {"num_bits": [4, 3]}}]}}))
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": 1}\n')
     change = json.loads(json.dumps(change).replace("__NOMATCH__", str(tmp_path / "nomatch.yaml"))
                         .replace("__BAD__", str(tmp_path / "bad.jsonl")))
@@ -228,7 +229,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(change, message, tmp_path)
 
 @pytest.mark.parametrize("lines, message", [
     ('{"text": "fine"}\n{"txt": 1}\n', "bad.jsonl:2 is not a JSON record"),
-    ('{"text": "too little text for 5 windows of 16 tokens"}\n', "holds 42 bytes of text in 1 document(s), at most 43 tokens, fewer than the 80 needed"),
+    ('{"text": "too little text for 5 windows of 16 tokens"}\n',
+     "holds 42 bytes of text in 1 document(s), at most 43 tokens, fewer than the 80 needed"),
 ])
 def test_calibration_content_is_checked_before_modelopt_torch_or_transformers(lines, message, tmp_path):
     (tmp_path / "bad.jsonl").write_text(lines)
@@ -255,7 +257,7 @@ def test_bad_input_found_in_the_job_is_one_line_exit_2_through_the_cli(cli, tmp_
 
 
 AUTO_BRIDGE = "megatron.bridge.models.conversion.auto_bridge.AutoBridge"
-HAS_BRIDGE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.bridge") is not None
+HAS_BRIDGE = bool(importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.bridge"))
 
 
 def megatron_checkpoint(path: Path, tracker: str = "latest_checkpointed_iteration.txt") -> Path:

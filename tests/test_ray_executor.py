@@ -88,7 +88,7 @@ def test_data_prep_on_an_existing_ray_cluster(cli, home, ray_head):
     job_id = sub.out.split()[1]
     status = wait_for(lambda: (r := cli("jobs", "status", job_id, prog="nemotron")).rc == 0 and
                       ("COMPLETED" in r.out or "FAILED" in r.out) and r, timeout=240, interval=2)
-    assert status and "COMPLETED" in status.out, (status.out if status else "no end state", 
+    assert status and "COMPLETED" in status.out, (status.out if status else "no end state",
                                                    cli("jobs", "logs", job_id, prog="nemotron").out[-3000:])
     assert "[ray]" in status.out
     logs = cli("jobs", "logs", job_id, prog="nemotron")

@@ -95,7 +95,8 @@ sha = hashlib.sha256(tok_json.encode()).hexdigest()
 task = shards.plan_dataset("d", out, "text", [inputs.scan(corpus, "jsonl", "text")], 1, sha, 0, "uint16",
                            inputs.MAX_RECORD_BYTES)[0]
 receipt = shards.write_shard(task, tok_json, sha, 0, "uint16", encoder="tokenizers")
-print(json.dumps({"bad": receipt["bad"]["counts"], "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"bad": receipt["bad"]["counts"],
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "bin": hashlib.sha256(open(task.prefix + ".bin", "rb").read()).hexdigest()}))
 """
 
@@ -113,7 +114,8 @@ def test_a_1_gib_single_line_document_leaves_a_shard_task_peak_memory_where_it_w
         else:
             corpus.write_text("".join(json.dumps({"text": d}) + "\n"
                                       for d in ["first document", "second one", "third and last"]))
-        r = subprocess.run([sys.executable, "-c", SHARD, str(corpus), str(tmp_path / name), str(TINY / "tokenizer.json")],
+        r = subprocess.run([sys.executable, "-c", SHARD, str(corpus), str(tmp_path / name),
+                            str(TINY / "tokenizer.json")],
                            capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert r.returncode == 0, r.stderr
         runs[name] = json.loads(r.stdout)

@@ -15,17 +15,6 @@ import yaml
 from ultra3 import nemo_rl_api
 
 REPO = Path(__file__).resolve().parents[1]
-GB200 = """
-[gb200]
-executor = "slurm"
-account = "ultra3"
-partition = "batch"
-gpu = "gb200"
-gpus_per_node = 4
-time = "04:00:00"
-container_image = "/lustre/images/nemo-rl.sqsh"
-mounts = ["/lustre:/lustre"]
-"""
 POLICY, DATA = "policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"
 GENRM = "judges.genrm_model=/lustre/models/genrm"
 SANDBOX = "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh"
@@ -33,12 +22,6 @@ MOPD = ("rl", "mopd", "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX, "teacher
 RLVR = ("rl", "rlvr", "-c", "rlvr1", "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX)
 FIVE_TEACHERS = ["teachers.rlhf=/lustre/ckpt/rlhf", "teachers.ifbench=/lustre/ckpt/ifbench",
                  "teachers.reasoning=/lustre/ckpt/reasoning", "teachers.swe=/lustre/ckpt/swe"]
-
-
-@pytest.fixture
-def gb200(home):
-    Path("env.toml").write_text(Path("env.toml").read_text() + GB200)
-    return home
 
 
 def test_mopd_default_dry_run_splits_224_nodes(cli, gb200):
@@ -51,7 +34,8 @@ def test_mopd_default_dry_run_splits_224_nodes(cli, gb200):
     assert [line.split("  ")[0].strip() for line in layout] == [
         "nodes 0-63", "nodes 64-191", "nodes 192-195", "nodes 196-199", "nodes 200-203", "nodes 204-207",
         "nodes 208-211", "nodes 212-223"]
-    assert layout[2].endswith("teacher general: /lustre/ckpt/rlvr-hf") and layout[6].endswith("teacher swe: /lustre/ckpt/swe")
+    assert layout[2].endswith("teacher general: /lustre/ckpt/rlvr-hf")
+    assert layout[6].endswith("teacher swe: /lustre/ckpt/swe")
     assert "#SBATCH --segment=16" in r.out
     # the materialized NeMo RL config: the recorded mopd.yaml with the derived values
     text = r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0]
@@ -104,7 +88,8 @@ def test_rlvr_phases_share_one_experiment(cli, gb200):
 def test_steps_against_the_experiments_checkpoints(cli, gb200, tmp_path):
     """rlvr1's 128 steps already done (NeMo RL's step_128, beside an unfinished tmp_step_136): phase 1 has
     nothing left, phase 2 resumes from step 128."""
-    checkpoints = tmp_path / "jobs" / "experiments" / "outputs" / "ultra3-rl-rlvr" / "ultra-student-rlvr" / "checkpoints"
+    outputs = tmp_path / "jobs" / "experiments" / "outputs"
+    checkpoints = outputs / "ultra3-rl-rlvr" / "ultra-student-rlvr" / "checkpoints"
     for step in ("step_64", "step_128", "tmp_step_136"):
         (checkpoints / step).mkdir(parents=True)
     where = f"run.job_dir={tmp_path / 'jobs'}"
@@ -137,13 +122,16 @@ BAD = [
     ("segment", ["layout.gym_nodes=19"], r"layout: 64 train \+ 172 generation \+ 19 gym = 255 nodes, not a multiple of "
                                           r"the 16-node NVLink segment"),
     ("segment-size", ["layout.segment_nodes=0"], r"layout\.segment_nodes: must be 1 or more, got 0"),
-    ("no-train-nodes", ["layout.train_nodes=0", "layout.generation_nodes=188"], r"layout\.train_nodes: must be 1 or more"),
+    ("no-train-nodes", ["layout.train_nodes=0", "layout.generation_nodes=188"],
+     r"layout\.train_nodes: must be 1 or more"),
     ("no-generation-nodes", ["layout.generation_nodes=0", "layout.gym_nodes=192"],
      r"layout\.generation_nodes: must be 1 or more \(vLLM runs on its own nodes\)"),
-    ("colocated-with-generation-nodes", ["layout.colocated=true", "layout.gym_nodes=32"], r"layout\.generation_nodes: is 172, but layout\.colocated"),
+    ("colocated-with-generation-nodes", ["layout.colocated=true", "layout.gym_nodes=32"],
+     r"layout\.generation_nodes: is 172, but layout\.colocated"),
     ("teacher-nodes-outside-mopd", ["layout.nodes_per_teacher=4"],
      r"layout\.nodes_per_teacher: is 4, but student_rlvr1 has no teacher panel"),
-    ("run-nodes-disagree", ["run.nodes=128"], r"run\.nodes: 128 \(set in command line\), but the layout adds up to 256"),
+    ("run-nodes-disagree", ["run.nodes=128"],
+     r"run\.nodes: 128 \(set in command line\), but the layout adds up to 256"),
     ("tp-cp-vs-train-gpus", ["nemo_rl.policy.megatron_cfg.context_parallel_size=6"],
      r"nemo_rl\.policy\.megatron_cfg: TP·CP·PP = 48 does not divide the 256 training GPUs"),
     ("train-nodes-vs-segment", ["layout.segment_nodes=128"],
@@ -178,9 +166,11 @@ BAD = [
      r"nemo_rl\.cluster\.num_nodes: is set by the launcher from layout \(set in command line\); set that instead"),
     ("unknown-recipe", ["recipe=student_rlvr3"], r"recipe: 'student_rlvr3' is not one of NeMo RL's Ultra configs"),
     ("missing-judge", ["judges.genrm_model=null"], r"judges\.genrm_model: student_rlvr1 scores with the genrm judge"),
-    ("judge-url", ["judges.nl2bash_url=nl2bash:8000"], r"judges\.nl2bash_url: 'nl2bash:8000' is not an http\(s\):// URL"),
+    ("judge-url", ["judges.nl2bash_url=nl2bash:8000"],
+     r"judges\.nl2bash_url: 'nl2bash:8000' is not an http\(s\):// URL"),
     ("judge-url-without-name", ["judges.genrm_model=null", "judges.genrm_url=http://genrm:8000/v1"],
-     r"judges\.genrm_model: student_rlvr1 scores with the genrm judge: set the name of the model judges\.genrm_url serves"),
+     r"judges\.genrm_model: student_rlvr1 scores with the genrm judge: "
+     r"set the name of the model judges\.genrm_url serves"),
     ("judges-vs-gym-gpus", ["layout.gym_nodes=4", "layout.generation_nodes=188"],
      r"layout\.gym_nodes: 4 nodes = 16 GPUs, but the judges served there need 40 \(genrm TP x DP = 16, "
      r"nl2bash TP x DP = 16, safety TP x DP = 8\)"),
@@ -202,8 +192,9 @@ MOPD_BAD = [
     ("mopd-teachers-vs-segment", ["teachers.swe=/lustre/ckpt/swe"],
      r"layout: 64 train \+ 128 generation \+ 8 teachers \+ 12 gym = 212 nodes, not a multiple of the 16-node"),
     ("mopd-teacher-layout", ["nemo_rl.on_policy_distillation.non_colocated_teachers.default_teacher_cfg."
-                             "context_parallel_size=3"], r"nemo_rl\.on_policy_distillation\.non_colocated_teachers\."
-                                                         r"default_teacher_cfg: a teacher's TP·CP·PP = 24 does not divide"),
+                             "context_parallel_size=3"],
+     r"nemo_rl\.on_policy_distillation\.non_colocated_teachers\."
+     r"default_teacher_cfg: a teacher's TP·CP·PP = 24 does not divide"),
 ]
 
 

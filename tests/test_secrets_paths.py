@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import SECRETS
-from test_rl import RLVR, gb200  # noqa: F401 (gb200: the fixture that adds the GB200 profile)
+from test_rl import RLVR
 from test_secrets import leaks_in_files, leaks_in_text
 from ultra3.ssh import ssh_argv
 from ultra3.leaks import MASK, secret_name

@@ -53,9 +53,9 @@ def provenance(key: str, path: str, job_id: str, artifact: str) -> re.Pattern:
 
 def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp_path):
     r = cli("sft", "-c", "tiny", "--dry-run")  # none yet: the tiny SFT starts from random weights
-    assert r.rc == 0 and "warning: recipe.pretrained_checkpoint: no pretrain-checkpoint artifact for this machine: sft " \
-        "starts without its checkpoint input (recipe.allow_random_init is set); run `ultra3 pretrain -c tiny` first " \
-        "to start from one" in r.out.splitlines(), r.out
+    assert r.rc == 0 and "warning: recipe.pretrained_checkpoint: no pretrain-checkpoint artifact for this machine: " \
+        "sft starts without its checkpoint input (recipe.allow_random_init is set); run `ultra3 pretrain -c tiny` " \
+        "first to start from one" in r.out.splitlines(), r.out
     assert "recipe.pretrained_checkpoint: not needed (none yet, optional: recipe.allow_random_init is set)" in r.out
     full = cli("sft", "--dry-run", "dataset.mock=true")  # the full SFT needs its checkpoint
     assert full.rc == 2 and "run `ultra3 pretrain` first" in full.err, full.err

@@ -193,7 +193,8 @@ def test_checkpoint_dir_is_shared_by_resubmissions_of_a_real_run(home, config, s
     for job_id in ("job1", "job2"):
         cfg = job.with_job({"id": job_id, "dir": f"/r/experiments/ultra3-pretrain/{job_id}"})
         assert cfg["checkpoint"]["save"] == save.format(job=job_id)
-        assert plan.override_values(cfg)["checkpoint.load"] == save.format(job=job_id)  # resume from the latest checkpoint there
+        # resume from the latest checkpoint there
+        assert plan.override_values(cfg)["checkpoint.load"] == save.format(job=job_id)
 
 
 @pytest.mark.parametrize("stage,config,message", [
@@ -224,7 +225,8 @@ def test_ranks_waiting_for_rank_0s_export_stop_when_it_fails_or_the_wait_ends(tm
 
     dest, failed = str(tmp_path / "hf"), str(tmp_path / "hf.failed")
     (tmp_path / "hf.failed").write_text("RuntimeError: CUDA out of memory")
-    with pytest.raises(QuantizeError, match=r"rank 0's Hugging Face export failed \(RuntimeError: CUDA out of memory\)"):
+    with pytest.raises(QuantizeError,
+                       match=r"rank 0's Hugging Face export failed \(RuntimeError: CUDA out of memory\)"):
         megatron_export.wait_for_export(dest, failed, "bf16_checkpoint", poll=0.01)
     os.unlink(failed)
     monkeypatch.setattr(megatron_export, "EXPORT_WAIT_S", 0.05)

@@ -195,7 +195,8 @@ def _tool_call(i: int, call: object) -> dict:
         try:
             args = json.loads(args)
         except ValueError:
-            raise BadRecord("bad_messages", f"message {i}: tool call {fn['name']} has arguments that are not JSON") from None
+            raise BadRecord("bad_messages",
+                            f"message {i}: tool call {fn['name']} has arguments that are not JSON") from None
     if not isinstance(args, dict):
         raise BadRecord("bad_messages", f"message {i}: tool call {fn['name']} has arguments that are not an object")
     return {"function": {"name": fn["name"], "arguments": args}}

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 
 BLOCK_BYTES = 8 << 20  # read and split at once
-MAX_RECORD_BYTES = 16 << 20  # the readers' limit where no max_record_bytes is given (calibration); data prep passes its own
+# the readers' limit where no max_record_bytes is given (calibration); data prep passes its own
+MAX_RECORD_BYTES = 16 << 20
 
 
 def text_blocks(f, max_bytes: int, offset: int = 0, rewind: bool = False,

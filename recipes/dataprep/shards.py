@@ -16,8 +16,8 @@ again from scratch.
 
 Receipt. It records the shard's plan hash (SHA-256 of everything its bytes depend on: the input files'
 fingerprints (content, not paths) and record range, the tokenizer's SHA-256, EOD, dtype, text field, format
-version) and the sizes and SHA-256 of both files. A later run skips a shard whose receipt has the same plan hash and whose
-files still have the recorded sizes and are not newer than the receipt (`verify: checksum` also re-hashes
+version) and the sizes and SHA-256 of both files. A later run skips a shard whose receipt has the same plan hash and
+whose files still have the recorded sizes and are not newer than the receipt (`verify: checksum` also re-hashes
 them).
 """
 

@@ -3,8 +3,8 @@ tracker file and iter_NNNNNNN/ subdirectories) is exported to Hugging Face with 
 quantization, as its examples/conversion/convert_checkpoints.py export does. The export needs the model's Hugging
 Face config and tokenizer: `recipe.hf_model` of the job that saved the checkpoint (its <task>/code/config.yaml),
 or, for a model built from our keys (recipe.hf_model null, the tiny model), the config.json the training
-runtime built it from (training/hf_config.py) with the job's tokenizer. Megatron-Bridge is imported only here, when there is a checkpoint to
-export: it runs in the training container."""
+runtime built it from (training/hf_config.py) with the job's tokenizer. Megatron-Bridge is imported only here, when
+there is a checkpoint to export: it runs in the training container."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def bits_per_element(rows: list[Weight]) -> float:
 
 
 def kv_cache_format(model) -> Format:
-    formats = {quantizer_format(q) for n, q in model.named_modules() if n.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))}
+    formats = {quantizer_format(q) for n, q in model.named_modules()
+               if n.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))}
     return formats.pop() if len(formats) == 1 else BF16
 
 

@@ -123,7 +123,8 @@ def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: 
     has (RL's sandbox, [wandb]); then NVIDIA's build_* keys the stage reads (image builds), above them. A stage
     config that sizes its own job (run.nodes) keeps it: the profile's `nodes` sizes only the configs that do
     not (as in NVIDIA's CLI)."""
-    values = {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v for k, v in flatten(profile.values).items()}
+    values = {f"{'cluster' if k.split('.')[0] in CLUSTER else 'run'}.{k}": v
+              for k, v in flatten(profile.values).items()}
     sized = next((layer.source for layer in reversed(below) if "run.nodes" in layer.values), None)
     if sized and "run.nodes" in values:
         report.note("run.nodes", f"{values.pop('run.nodes')} from {profile.source} is not used: {sized} sizes "
@@ -138,9 +139,9 @@ def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: 
         if key in reads:
             build[reads[key]] = profile.stage_values[key]
         else:
-            report.note(f"{profile.file.name} [{profile.name}] {key}", "not used: the build job runs podman on the "
-                        "node itself, without GPUs" if reads else "read by image builds and by stages whose profile names "
-                        "no container_image; not used here")
+            report.note(f"{profile.file.name} [{profile.name}] {key}",
+                        "not used: the build job runs podman on the node itself, without GPUs" if reads
+                        else "read by image builds and by stages whose profile names no container_image; not used here")
     report.findings += profile.notes + profile.errors
     return [Layer(profile.source, values), *([Layer(f"{profile.source}, its build_* keys", build)] if build else [])]
 
@@ -191,8 +192,9 @@ def _address_outputs(job: Job, digest: str) -> None:
     if job.stage.outputs_by:
         name = get(job.config, job.stage.outputs_by)
         if not isinstance(name, str) or not NAME.match(name):
-            job.report.error(job.stage.outputs_by, f"names the run's checkpoint directory: letters, digits, '.', '_' "
-                                                   f"and '-' only, got {name!r} (set in {job.origin.get(job.stage.outputs_by)})")
+            job.report.error(job.stage.outputs_by, "names the run's checkpoint directory: letters, digits, '.', '_' "
+                                                   f"and '-' only, got {name!r} "
+                                                   f"(set in {job.origin.get(job.stage.outputs_by)})")
             return
         new = f"{old.rsplit('/', 1)[0]}/{name}"
     job.flat["job.outputs"] = new

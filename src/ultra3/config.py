@@ -201,7 +201,8 @@ def parse_overrides(tokens: list[str]) -> Layer:
     for token in tokens:
         key, eq, raw = token.partition("=")
         if not eq:
-            raise UserError(f"'{token}': not an option or a key=value override; overrides look like model.seq_length=4096")
+            raise UserError(f"'{token}': not an option or a key=value override; "
+                            "overrides look like model.seq_length=4096")
         if not _KEY.match(key):
             raise UserError(f"'{token}': '{key}' is not a dotted config key (e.g. train.train_iters=10)")
         value = parse_value(raw, token)

@@ -63,8 +63,8 @@ def log_text(record: JobRecord) -> str:
 
 def failure_reason(record: JobRecord) -> str:
     """The preflight's one-line reason if it stopped the job, else the log's last line."""
-    lines = [l for l in log_text(record).splitlines() if l.strip()]
-    marked = [l for l in lines if PREFLIGHT_MARK in l]
+    lines = [line for line in log_text(record).splitlines() if line.strip()]
+    marked = [line for line in lines if PREFLIGHT_MARK in line]
     if marked:
         return marked[-1][marked[-1].index(PREFLIGHT_MARK):].strip()
     return lines[-1].strip() if lines else ""

@@ -54,7 +54,8 @@ def check_merged(flat: dict[str, Any], origin: dict[str, str], report: Report) -
 
 def check_resolved(config: dict[str, Any], report: Report) -> None:
     """A resolved value holding the value of a secret-named variable of this environment."""
-    secrets = {name: value for name, value in os.environ.items() if SECRET_NAME.search(name) and len(value) >= MIN_SECRET}
+    secrets = {name: value for name, value in os.environ.items()
+               if SECRET_NAME.search(name) and len(value) >= MIN_SECRET}
     if not secrets:
         return
     for key, value in flatten(config).items():

@@ -152,7 +152,8 @@ def layer_rows(cfg: dict, m: LayerMap) -> list[tuple[str, str]]:
         while j < len(m.symbols) and m.quantized[j] == m.quantized[i]:
             j += 1
         why = "" if m.quantized[i] or not low else (
-            f" (first {m.start}: num_layers_at_start_in_bf16)" if i == 0 else f" (last {m.end}: num_layers_at_end_in_bf16)")
+            f" (first {m.start}: num_layers_at_start_in_bf16)" if i == 0
+            else f" (last {m.end}: num_layers_at_end_in_bf16)")
         rows.append((f"layers {i + 1}-{j}", f"{'NVFP4' if m.quantized[i] else 'BF16'}{why}: {_mix(m.symbols[i:j])}"))
         i = j
     if low:

@@ -1,8 +1,9 @@
 """env.toml profiles: discovery, `extends` inheritance and a per-executor schema.
 
 Every top-level table is a profile, except the settings tables NVIDIA's CLI reserves: [artifacts]
-(`manifest.root`: the artifact store of every profile in the file), [wandb], [cli] and [cache]. A profile names its `executor`, describes the machines (`gpu`,
-`gpus_per_node`, `nvlink_domain_size`: the `cluster.*` keys) and sets `run.*` keys of the stage config
+(`manifest.root`: the artifact store of every profile in the file), [wandb], [cli] and [cache]. A profile names its
+`executor`, describes the machines (`gpu`, `gpus_per_node`, `nvlink_domain_size`: the `cluster.*` keys) and sets
+`run.*` keys of the stage config
 (account, partition, container_image, mounts, env, time, setup, ...).
 """
 

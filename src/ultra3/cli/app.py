@@ -40,8 +40,10 @@ SHARED_OPTIONS = {
                                         help="Submit with this env.toml profile and follow it.")),
     "batch": (Optional[str], typer.Option(None, "-b", "--batch", metavar="PROFILE",
                                           help="Submit with this env.toml profile and return.")),
-    "dry_run": (bool, typer.Option(False, "-d", "--dry-run", help="Validate and print the compiled job; submit nothing.")),
-    "env_file": (Optional[str], typer.Option(None, "--env-file", metavar="PATH", help="env.toml to read profiles from.")),
+    "dry_run": (bool, typer.Option(False, "-d", "--dry-run",
+                                   help="Validate and print the compiled job; submit nothing.")),
+    "env_file": (Optional[str], typer.Option(None, "--env-file", metavar="PATH",
+                                             help="env.toml to read profiles from.")),
 }
 
 
@@ -133,8 +135,8 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
 
 @_with_shared_options
 def _group_callback(ctx: typer.Context, **options) -> None:
-    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep, quantize, checkpoint conversion and container image
-    stages, and pipes of them.
+    """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep, quantize, checkpoint conversion and container
+    image stages, and pipes of them.
 
     \b
     Examples:
@@ -186,8 +188,9 @@ def _pipe_command(
     from .pipe import PipeOptions, run_pipe
 
     given = _merge_group_options(ctx, options)
-    run_pipe(PipeOptions(config="default" if given["config"] is None else given["config"], run=given["run"], batch=given["batch"],
-                         dry_run=given["dry_run"], env_file=given["env_file"], start=start, stop=stop, force=force,
+    run_pipe(PipeOptions(config="default" if given["config"] is None else given["config"], run=given["run"],
+                         batch=given["batch"], dry_run=given["dry_run"], env_file=given["env_file"], start=start,
+                         stop=stop, force=force,
                          overrides=list(overrides or [])))
 
 
@@ -256,7 +259,8 @@ def build_jobs() -> typer.Typer:
 def build_nemotron() -> typer.Typer:
     app = _typer("nemotron", "Nemotron training recipes launcher.")
     app.callback()(lambda: None)
-    app.add_typer(build_ultra3(), name="ultra3", help="Nemotron 3 Ultra stages: pretrain, sft, rl, data prep, quantize, convert, pipe.")
+    app.add_typer(build_ultra3(), name="ultra3",
+                  help="Nemotron 3 Ultra stages: pretrain, sft, rl, data prep, quantize, convert, pipe.")
     app.add_typer(build_jobs(), name="jobs")
     return app
 
@@ -278,7 +282,8 @@ def _command_hint(ctx, word: str) -> str:
         return ""
     typed = [*ctx.command_path.split()[1:], word.lower()]
     if ctx.command_path.split()[0] == "nemotron" and typed[0] != "ultra3":
-        return f"; this launcher has the Nemotron 3 Ultra stages only: nemotron ultra3 {' '.join(typed[1:] or ['--help'])}"
+        return ("; this launcher has the Nemotron 3 Ultra stages only: "
+                f"nemotron ultra3 {' '.join(typed[1:] or ['--help'])}")
     typed = [w for w in typed if w != "ultra3"]
     for stage in sorted(STAGES, key=lambda s: len(s.words)):
         words = iter(stage.words)

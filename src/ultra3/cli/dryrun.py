@@ -23,7 +23,8 @@ def _section(out: TextIO, title: str) -> None:
 def print_dry_run(job: Job, out: TextIO | None = None) -> None:
     out = out or sys.stdout  # the stream of the moment, not the one at import
     run = job.config["run"]
-    where = f"profile '{job.profile.name}' ({job.executor}, {job.profile.file})" if job.profile else "local (this machine)"
+    where = (f"profile '{job.profile.name}' ({job.executor}, {job.profile.file})" if job.profile
+             else "local (this machine)")
     out.write(f"ultra3 {job.stage.name}: config {job.options.config} ({job.config_path.name}), {where}, "
               f"mode {job.mode}\n")
 

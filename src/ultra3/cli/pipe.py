@@ -286,8 +286,8 @@ def _submit_chain(pipe_id: str, path: Path, todo: list[Step], options: PipeOptio
             record = _submit(step, pipe_id, records)
             where = executor(record.executor)
             waits = ", ".join(str(where.scheduler_id(records[s.entry.id])) for s in step.after)
-            print(f"{step.entry.id}: submitted {record.id} ({where.where(record)}{f', after {waits}' if waits else ''})",
-                  flush=True)
+            waiting = f", after {waits}" if waits else ""
+            print(f"{step.entry.id}: submitted {record.id} ({where.where(record)}{waiting})", flush=True)
     finally:
         _save_pipe(pipe_id, path, todo, records)
     if options.mode == "detached":

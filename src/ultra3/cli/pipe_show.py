@@ -18,7 +18,9 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
     where = f"profile '{first.profile.name}' ({first.executor})" if first.profile else "local (this machine)"
     chains = executor(first.executor).chains
     out.write(f"ultra3 pipe: config {path.stem} ({path.name}), {where}, mode {options.mode}\n")
-    out.write(f"steps, in order ({'submitted at once, each after the step before it and those it reads from: afterok' if chains else 'run one after another, stopping at the first failure'}):\n")
+    order = ("submitted at once, each after the step before it and those it reads from: afterok" if chains
+             else "run one after another, stopping at the first failure")
+    out.write(f"steps, in order ({order}):\n")
     width = max(len(s.entry.id) for s in steps)
     for n, step in enumerate(steps, 1):
         job = step.job

@@ -9,8 +9,8 @@ from ..stage import Stage
 
 
 def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
-    options = Options(config="default" if given["config"] is None else given["config"], run=given["run"], batch=given["batch"],
-                      dry_run=given["dry_run"], env_file=given["env_file"], overrides=overrides)
+    options = Options(config="default" if given["config"] is None else given["config"], run=given["run"],
+                      batch=given["batch"], dry_run=given["dry_run"], env_file=given["env_file"], overrides=overrides)
     if options.run and options.batch:
         raise UserError("--run and --batch: choose one (--run follows the job, --batch returns after submitting)")
     job = compile_job(stage, options)

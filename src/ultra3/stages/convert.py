@@ -190,7 +190,8 @@ def _weights(cfg: dict) -> tuple[float, float, int] | None:
     etp = pos_int(model.get("expert_tensor_parallel_size")) or 1
     per_gpu = params.dense / (split["tensor"] * split["pipeline"]) + \
         params.expert / (split["expert"] * etp * split["pipeline"])
-    gpus = (pos_int((cfg.get("run") or {}).get("nodes")) or 1) * (pos_int((cfg.get("run") or {}).get("gpus_per_node")) or 0)
+    run = cfg.get("run") or {}
+    gpus = (pos_int(run.get("nodes")) or 1) * (pos_int(run.get("gpus_per_node")) or 0)
     return per_gpu * BYTES_PER_PARAM, params.total * BYTES_PER_PARAM, gpus
 
 

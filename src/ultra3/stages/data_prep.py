@@ -34,7 +34,8 @@ PRETRAIN = _data_prep("pretrain", "Tokenize pretraining corpora into Megatron bi
                       Output("pretrain-data", "output_dir", "blend.json"),
                       ("ultra3 data prep pretrain -c tiny", "ultra3 data prep pretrain -c tiny --sample 100",
                        "ultra3 data prep pretrain --batch mycluster output_dir=/lustre/data/phase1"))
-SFT = _data_prep("sft", "Render, mask and pack SFT conversations into Parquet on Ray.", Output("sft-data", "output_dir"),
+SFT = _data_prep("sft", "Render, mask and pack SFT conversations into Parquet on Ray.",
+                 Output("sft-data", "output_dir"),
                  ("ultra3 data prep sft -c tiny", "ultra3 data prep sft -c tiny --sample 100 --force",
                   "ultra3 data prep sft --batch mycluster output_dir=/lustre/data/sft"))
 RL = _data_prep("rl", "Check the RL blends, restore their placeholders and split them, on Ray.",

@@ -225,7 +225,8 @@ def _unreadable(path: str) -> str | None:
         if size == 0 or (not magic and size <= 1 << 16 and not pathlib.Path(file).read_bytes().strip()):
             return f"{file} is empty (no records)"
         if magic and (not head.startswith(magic) or (file.endswith(".parquet") and tail != magic)):
-            return f"{file} is not a {os.path.splitext(file)[1]} file (it does not start{' and end' if file.endswith('.parquet') else ''} as one does)"
+            end = " and end" if file.endswith(".parquet") else ""
+            return f"{file} is not a {os.path.splitext(file)[1]} file (it does not start{end} as one does)"
     return None
 
 

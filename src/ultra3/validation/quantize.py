@@ -90,7 +90,8 @@ def _recipe(name: object, report: Report) -> None:
     if shipped is None or name in shipped:
         return
     close = difflib.get_close_matches(name, shipped, n=1, cutoff=0.5)
-    hint = f"did you mean {close[0]}?" if close else f"shipped: {', '.join(r for r in shipped if r.startswith('models/'))}"
+    hint = (f"did you mean {close[0]}?" if close
+            else f"shipped: {', '.join(r for r in shipped if r.startswith('models/'))}")
     report.error("modelopt_recipe", f"{name!r} is not a recipe shipped with ModelOpt nor a YAML file; {hint}")
 
 

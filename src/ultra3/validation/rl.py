@@ -60,8 +60,9 @@ def nodes(cfg: dict[str, Any], report: Report) -> None:
     if (lay.get("train_nodes") or 0) < 1:
         report.error("layout.train_nodes", f"must be 1 or more, got {lay.get('train_nodes')}")
     if lay.get("colocated") and lay.get("generation_nodes"):
-        report.error("layout.generation_nodes", f"is {lay['generation_nodes']}, but layout.colocated generates on the "
-                                                "training GPUs; set layout.generation_nodes=0 or layout.colocated=false",
+        report.error("layout.generation_nodes",
+                     f"is {lay['generation_nodes']}, but layout.colocated generates on the training GPUs; "
+                     "set layout.generation_nodes=0 or layout.colocated=false",
                      quoting=("layout.colocated",))
     elif not lay.get("colocated") and (lay.get("generation_nodes") or 0) < 1:
         report.error("layout.generation_nodes", "must be 1 or more (vLLM runs on its own nodes); or set "
