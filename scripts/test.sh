@@ -27,6 +27,7 @@ else
 fi
 
 export PATH="$PWD/.venv/bin:$PATH"
+.venv/bin/ruff check --quiet .  # the lint rules of pyproject.toml [tool.ruff]
 # two workers (ULTRA3_TEST_WORKERS): the Slurm tests on one, in turn, everything else shared out
 workers=${ULTRA3_TEST_WORKERS:-2}
 exec python -m pytest -n "$workers" --dist loadgroup --durations=15 "$@"  # the slowest tests, listed at the end
