@@ -7,6 +7,7 @@ The Megatron side (AutoBridge import, load, export) needs the training container
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -324,3 +325,21 @@ def test_reference_files_of_a_local_source(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ref").iterdir()) == ["config.json", "tokenizer.json",
                                                                      "tokenizer_config.json"]
     assert checks.hf_dir_config(str(tmp_path / "ref"), "hf_model")["model_type"] == "nemotron_h"
+
+
+def test_quantize_takes_an_imported_checkpoint_by_its_saved_reference(tmp_path):
+    """An hf-to-megatron output names no job config; quantize's export finds the model by its hf_reference/ and, on
+    this CPU machine, stops only at Megatron-Bridge."""
+    from recipes.quantization import megatron_export
+    from recipes.quantization.errors import QuantizeError
+
+    if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.bridge"):
+        pytest.skip("Megatron-Bridge is installed: the export would run")
+    ckpt = megatron_checkpoint(tmp_path / "imported")
+    assert megatron_export.imported_reference(str(ckpt)) == str(ckpt / "hf_reference")
+    with pytest.raises(QuantizeError, match="exporting it needs Megatron-Bridge"):
+        megatron_export.export_once(str(ckpt), str(tmp_path / "bf16-hf"), "bf16_checkpoint", print)
+    own = megatron_checkpoint(tmp_path / "trained", reference=False)
+    assert megatron_export.imported_reference(str(own)) is None
+    with pytest.raises(QuantizeError, match="no job config"):
+        megatron_export.export_once(str(own), str(tmp_path / "bf16-hf2"), "bf16_checkpoint", print)

@@ -17,7 +17,7 @@ from ..quantization import megatron_export
 from ..training.hf_config import HF_KEYS, hf_config
 
 STAGES = ("convert hf-to-megatron", "convert megatron-to-hf")
-REFERENCE = "hf_reference"  # in an hf-to-megatron output_dir: the source's config.json and tokenizer
+REFERENCE = megatron_export.REFERENCE
 # Megatron names of what the weights' shapes follow: a checkpoint and its Hugging Face config must agree on them
 MUST_MATCH = ("num_layers", "hybrid_layer_pattern", "mtp_hybrid_override_pattern", "mtp_num_layers", "hidden_size",
               "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "mamba_num_heads",
@@ -162,8 +162,7 @@ def resolve_reference(s: dict) -> tuple[str | None, dict | None, tuple | None]:
     if s["hf_model"]:
         local = is_local(s["hf_model"])
         return s["hf_model"], hf_dir_config(s["hf_model"], "hf_model") if local else None, None
-    saved = os.path.join(ckpt, REFERENCE)
-    if os.path.isdir(saved):
+    if saved := megatron_export.imported_reference(ckpt):
         return saved, hf_dir_config(saved, "megatron_checkpoint", f" (its {REFERENCE}/)"), None
     train, code_dir = megatron_export.training_config(ckpt, "megatron_checkpoint")
     named = (train.get("recipe") or {}).get("hf_model")

@@ -22,6 +22,7 @@ from .errors import QuantizeError
 
 TRACKERS = CHECKPOINT_TRACKERS  # the files that name a Megatron-Bridge checkpoint's latest iteration
 EXPORT_DIR = "bf16-hf"  # under the quantize job's dir
+REFERENCE = "hf_reference"  # in a checkpoint `ultra3 convert hf-to-megatron` made: the source's config and tokenizer
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
 
 
@@ -55,6 +56,13 @@ def training_config(checkpoint: str, key: str = "bf16_checkpoint") -> tuple[dict
     raise QuantizeError(f"{key}: {checkpoint} is a Megatron checkpoint, but no job config "
                         "(<job dir>/<task>/code/config.yaml) next to it saved there, so its Hugging Face model is "
                         "unknown; give the checkpoint.save dir of a pretrain/sft job, or a Hugging Face checkpoint")
+
+
+def imported_reference(checkpoint: str) -> str | None:
+    """The Hugging Face config and tokenizer `ultra3 convert hf-to-megatron` keeps beside the checkpoint it made, if
+    this is one: no job config names that model."""
+    saved = os.path.join(os.path.expanduser(checkpoint), REFERENCE)
+    return saved if os.path.isfile(os.path.join(saved, "config.json")) else None
 
 
 def reference_model(train: dict, code_dir: str, dest: str, key: str = "bf16_checkpoint") -> str:
@@ -120,7 +128,8 @@ def export_once(ckpt: str, dest: str, key: str, log, container: str = "the train
     if os.path.exists(failed):
         os.unlink(failed)
     try:
-        train, code_dir = training_config(ckpt, key)
+        imported = imported_reference(ckpt)
+        train, code_dir = training_config(ckpt, key) if not imported else ({}, "")
         try:
             import megatron.bridge  # noqa: F401
         except ImportError:
@@ -128,7 +137,7 @@ def export_once(ckpt: str, dest: str, key: str, log, container: str = "the train
                                 f"Megatron-Bridge: run in {container}") from None
         partial = f"{dest}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        reference = reference_model(train, code_dir, f"{dest}.reference", key)
+        reference = imported or reference_model(train, code_dir, f"{dest}.reference", key)
         log(f"{ckpt} is a Megatron checkpoint: exporting it to Hugging Face with Megatron-Bridge against {reference}")
         started = time.time()
         export(ckpt, reference, partial)
