@@ -248,9 +248,12 @@ def resolve_ref(root: str, ref: str, bad: Callable[[str, str], None] | None = No
     return read_manifest(os.path.join(folder, f"v{version}", "manifest.json"), bad) if version.isdigit() else None
 
 
+CONVERSION_REPORT = "conversion_report.json"  # in a converted checkpoint: its parity figures
+
+
 def describe(path: str) -> dict:
     """What can be counted of an output on disk: bytes; tokens of a data-prep output; the checkpoint's
-    iteration."""
+    iteration; a converted checkpoint's parity figures."""
     info: dict = {}
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     info["bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files
@@ -267,6 +270,13 @@ def describe(path: str) -> dict:
             tokens = tokens.get("total")
         if isinstance(tokens, int):
             info["tokens"] = tokens
+    try:  # written by `ultra3 convert`: the gate the checkpoint passed
+        with open(os.path.join(folder, CONVERSION_REPORT)) as f:
+            parity = json.load(f).get("parity")
+        if isinstance(parity, dict):
+            info["parity"] = parity
+    except (OSError, ValueError, AttributeError):
+        pass
     tracker = os.path.join(folder, CHECKPOINT_TRACKERS[1])  # the text one
     if os.path.isfile(tracker):
         with open(tracker) as f:

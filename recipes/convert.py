@@ -41,7 +41,7 @@ import shutil
 import sys
 import time
 
-from .contract import INPUT_ERROR_EXIT
+from .contract import CONVERSION_REPORT, INPUT_ERROR_EXIT
 from .conversion.checks import REFERENCE, STAGES, ConvertError, is_local, precheck, settings
 from .conversion.parity import Parity, ParityFailed, held_out_ids, hf_logits, parity
 from .dataprep.errors import DataPrepError
@@ -49,7 +49,7 @@ from .dataprep.settings import load_config
 from .quantization import megatron_export
 
 LOG = "ultra3 convert"
-REPORT = "conversion_report.json"
+REPORT = CONVERSION_REPORT
 REFERENCE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "tokenizer.model")
 LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",

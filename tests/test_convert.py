@@ -23,9 +23,11 @@ def errors(r) -> list[str]:
 def test_ultra_dry_run_sizes_a_550b_conversion(cli_here, stage, extra):
     r = cli_here("convert", stage, "--batch", "blackwell", "--dry-run", *extra)
     assert r.rc == 0, r.err
-    assert "model weights (BF16)  1,121.0 GB" in r.out  # 550B-A55B with its MTP layers
-    assert "busiest GPU holds     50.1 GB" in r.out  # TP1 PP4 EP8
-    assert "GPU memory            180 GB (b200)" in r.out
+    rows = {line[:28].strip(): line[28:] for line in r.out.split("== conversion memory ==\n")[1].splitlines()[:5]}
+    assert rows == {"model weights (BF16)": "1,121.0 GB",  # 550B-A55B with its MTP layers
+                    "busiest GPU holds": "50.1 GB",  # TP1 PP4 EP8
+                    "GPUs": "32", "GPU memory": "180 GB (b200)",
+                    "parity: HF model on node 0": "1,121.0 GB of 1,440 GB GPU memory"}
     assert "world size    32" in r.out and "#SBATCH --nodes=4" in r.out
     assert f"convert {stage} ~ " in r.out and "checkpoint read and write" in r.out
     assert "recipe: recipes.convert" in r.out and "launch: torchrun" in r.out
@@ -38,6 +40,23 @@ def test_weights_over_a_gpu_are_one_error(cli_here, home):
     assert errors(r) == [e for e in errors(r) if "1,121 GB of weights, over 90% of a b200's 180 GB" in e]
     assert len(errors(r)) == 1 and "Traceback" not in r.err
     assert not (home / "nemorun").exists()
+
+
+def test_a_gate_model_over_the_first_node_is_a_warning(cli_here):
+    r = cli_here("convert", "hf-to-megatron", "--batch", "hopper", "--dry-run")
+    assert r.rc == 0, r.err
+    assert "warning: parity.tokens: the gate's Hugging Face model (1,121 GB) does not fit the first node's GPUs " \
+           "(640 GB)" in r.out
+
+
+def test_a_bad_path_seen_here_is_an_error_for_a_cluster_too(cli_here, home, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "model.safetensors").write_text("x")
+    r = cli_here("convert", "hf-to-megatron", "--batch", "blackwell", "--dry-run", f"output_dir={tmp_path}/full")
+    assert r.rc == 2 and errors(r) == [f"error: output_dir: {tmp_path}/full exists and is not an empty directory (set "
+                                       "in command line); choose a new output_dir"], r.err
+    r = cli_here("convert", "hf-to-megatron", "--batch", "blackwell", "--dry-run", "parity.data=/lustre/held-out.jsonl")
+    assert r.rc == 0 and "warning: parity.data: /lustre/held-out.jsonl does not exist" in r.out  # the cluster's path
 
 
 def nemotron_h_dir(path: Path, model_type: str = "nemotron_h") -> Path:
@@ -85,9 +104,13 @@ def test_bad_input_is_one_line_exit_2_nothing_written(cli_here, home, tmp_path, 
     assert not (home / "nemorun").exists()  # no job dir, nothing submitted
 
 
-@pytest.mark.parametrize("pattern", ["MEM|*EME", "MEM*EME/*E/*E"])  # another layout; the MTP block as saved
-def test_a_checkpoint_of_the_same_model_is_taken(cli_here, tmp_path, pattern):
-    ckpt = megatron_dir(tmp_path / "tiny", {**TINY_MODEL, "hybrid_layer_pattern": pattern})
+@pytest.mark.parametrize("pattern", ["MEM|*EME", "MEM*EME/*E/*E", "train state"])  # another layout; the MTP block
+def test_a_checkpoint_of_the_same_model_is_taken(cli_here, tmp_path, pattern):  # as saved; a .pt tracker only
+    shape = pattern.replace("train state", "MEM*EME")
+    ckpt = megatron_dir(tmp_path / "tiny", {**TINY_MODEL, "hybrid_layer_pattern": shape})
+    if pattern == "train state":
+        (ckpt / "latest_checkpointed_iteration.txt").unlink()
+        (ckpt / "latest_train_state.pt").write_bytes(b"")
     r = cli_here("convert", "megatron-to-hf", "-c", "tiny", "--dry-run", f"megatron_checkpoint={ckpt}")
     assert r.rc == 0, r.err
     assert f"megatron_checkpoint = {ckpt}  (set in command line)" in r.out

@@ -81,10 +81,6 @@ def divisors(n: int, limit: int = 8) -> str:
     return text + (", ..." if len(divs) > limit else "")
 
 
-def fmt_int(n: float) -> str:
-    return f"{int(n):,}"
-
-
 def fmt_count(n: float) -> str:
     """Human token/parameter counts: 20.00T, 200.0B, 7.3M, 512."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):

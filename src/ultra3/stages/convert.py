@@ -13,7 +13,6 @@ from ..stage import Input, Output, Parts, Stage
 CHECKS = ("python_version", "image", "training_packages", "gpus", "inputs")
 BYTES_PER_PARAM = 2  # BF16 weights, on both sides
 HBM_SHARE = 0.9  # of a GPU's memory the weights may fill (the rest: CUDA context, the conversion's buffers)
-TRACKER = "latest_checkpointed_iteration.txt"
 # model.* keys a Megatron checkpoint's run_config.yaml must agree with (what its weights' shapes follow)
 SHAPE_KEYS = ("num_layers", "hybrid_layer_pattern", "hidden_size", "ffn_hidden_size", "num_attention_heads",
               "num_query_groups", "kv_channels", "mamba_num_heads", "mamba_head_dim", "mamba_state_dim",
@@ -84,16 +83,18 @@ def _local(path: Any) -> str | None:
     return None
 
 
-def _refuse(cfg: dict, key: str, problem: str, fix: str, report) -> None:
-    """An error where the job runs on this machine; elsewhere a warning (the cluster may see another file system)."""
+def _refuse(cfg: dict, key: str, problem: str, fix: str, report, seen: bool = True) -> None:
+    """An error where the job runs on this machine, or where this machine sees the path (`seen`) and submits from the
+    cluster's login node (no run.host); over SSH, or for a path not here, a warning: the cluster may see another file
+    system, and the job's runtime checks again before it converts."""
     from ..dotted import get
     from ..schema import _where
 
     text = f"{problem}{_where(key, report.origin)}; {fix}"
-    if get(cfg, "job.runs_here"):
+    if get(cfg, "job.runs_here") or (seen and not get(cfg, "run.host")):
         report.error(key, text)
     else:
-        report.warn(key, f"{text} (on this machine; the job's preflight checks again)")
+        report.warn(key, f"{text} (on this machine; the job checks again before converting)")
 
 
 def _output_dir(cfg: dict, report) -> None:
@@ -135,11 +136,10 @@ def _checkpoint(cfg: dict, report) -> None:
     from ..contract import read_small
 
     try:
-        iteration = int(read_small(os.path.join(path, TRACKER)).strip())
-        run_config = read_small(os.path.join(path, f"iter_{iteration:07d}", "run_config.yaml"))
+        run_config = read_small(os.path.join(_iteration_dir(path), "run_config.yaml"))
     except (OSError, ValueError):
         _refuse(cfg, "megatron_checkpoint", f"{cfg['megatron_checkpoint']} is not a Megatron-Bridge checkpoint "
-                f"({TRACKER} naming an iter_NNNNNNN/ with its run_config.yaml)", "give the checkpoint.save dir "
+                f"(a tracker and an iter_NNNNNNN/ with its run_config.yaml)", "give the checkpoint.save dir "
                 "of a pretrain/sft job, or the output_dir of `ultra3 convert hf-to-megatron`", report)
         return
     import yaml
@@ -152,6 +152,21 @@ def _checkpoint(cfg: dict, report) -> None:
         _refuse(cfg, "megatron_checkpoint", f"{cfg['megatron_checkpoint']} holds another model: "
                 f"{', '.join(differ[:3])}", "pick the config of the model it holds (-c), or set model.* to it",
                 report)
+
+
+def _iteration_dir(path: str) -> str:
+    """The iteration a checkpoint's text tracker names, else (a latest_train_state.pt tracker) its newest iter_*."""
+    from ..contract import CHECKPOINT_TRACKERS, read_small
+
+    if not any(os.path.isfile(os.path.join(path, t)) for t in CHECKPOINT_TRACKERS):
+        raise OSError("no tracker")
+    try:
+        return os.path.join(path, f"iter_{int(read_small(os.path.join(path, CHECKPOINT_TRACKERS[1])).strip()):07d}")
+    except OSError:
+        names = [n for n in os.listdir(path) if n.startswith("iter_") and n[5:].isdigit()]
+        if not names:
+            raise
+        return os.path.join(path, max(names, key=lambda n: int(n[5:])))
 
 
 def _shape(value: Any) -> Any:
@@ -171,7 +186,7 @@ def _parity(cfg: dict, report) -> None:
     from ..paths import RECIPES_DIR
 
     if isinstance(data, str) and not os.path.exists(RECIPES_DIR.parent / os.path.expanduser(data)):  # repo-relative
-        _refuse(cfg, "parity.data", f"{data} does not exist", "give a JSONL(.gz) of held-out text", report)
+        _refuse(cfg, "parity.data", f"{data} does not exist", "give a JSONL(.gz) of held-out text", report, seen=False)
 
 
 def _weights(cfg: dict) -> tuple[float, float, int] | None:
@@ -198,6 +213,7 @@ def _weights(cfg: dict) -> tuple[float, float, int] | None:
 def _memory(cfg: dict, report) -> None:
     """The Megatron side's weights on its busiest GPU against the GPU's memory; the table shows the figures."""
     from ..gpus import GPU_TYPES
+    from ..model_math import pos_int
 
     sizes = _weights(cfg)
     if sizes is None:
@@ -208,6 +224,12 @@ def _memory(cfg: dict, report) -> None:
             ("GPUs", str(gpus))]
     if gpu:
         rows.append(("GPU memory", f"{gpu.memory_gb:g} GB ({gpu.name})"))
+        node = gpu.memory_gb * (pos_int((cfg.get("run") or {}).get("gpus_per_node")) or 1)
+        rows.append(("parity: HF model on node 0", f"{total / 1e9:,.1f} GB of {node:,.0f} GB GPU memory"))
+        if total / 1e9 > HBM_SHARE * node:
+            report.warn("parity.tokens", f"the gate's Hugging Face model ({total / 1e9:,.0f} GB) does not fit the "
+                        f"first node's GPUs ({node:,.0f} GB): the rest is offloaded to CPU memory, slow and needing "
+                        "that much host memory; use a profile of larger GPUs")
         if per_gpu / 1e9 > HBM_SHARE * gpu.memory_gb:
             report.error("model.pipeline_model_parallel_size", f"the busiest GPU would hold {per_gpu / 1e9:,.0f} GB of "
                          f"weights, over {HBM_SHARE:.0%} of a {gpu.name}'s {gpu.memory_gb:g} GB; raise "
