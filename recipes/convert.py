@@ -303,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args.config)
-    except DataPrepError as e:  # ConvertError, or the config unreadable
-        print(f"{prog(args.config)}: error: {e}", file=sys.stderr, flush=True)
+    except DataPrepError as e:  # ConvertError, or the config unreadable: every rank finds it, rank 0 says it
+        if rank() == 0:
+            print(f"{prog(args.config)}: error: {e}", file=sys.stderr, flush=True)
         return INPUT_ERROR_EXIT
     except ParityFailed as e:
         print(f"{LOG}: parity failed: {e}", file=sys.stderr, flush=True)

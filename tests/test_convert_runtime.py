@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -346,3 +347,15 @@ def test_quantize_takes_an_imported_checkpoint_by_its_saved_reference(tmp_path):
     assert megatron_export.imported_reference(str(own)) is None
     with pytest.raises(QuantizeError, match="no job config"):
         megatron_export.export_once(str(own), str(tmp_path / "bf16-hf2"), "bf16_checkpoint", print)
+
+
+def test_an_input_error_is_said_once_by_rank_0(tmp_path):
+    cfg = config(tmp_path, "hf-to-megatron", seed="__DROP__")
+    del cfg["seed"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    argv = [sys.executable, "-m", "recipes.convert", "--config", str(tmp_path / "config.yaml")]
+    ranks = [subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env={**os.environ, "RANK": r}, timeout=120)
+             for r in ("0", "1")]
+    assert [p.returncode for p in ranks] == [2, 2]
+    assert len(ranks[0].stderr.splitlines()) == 1 and "seed is not set" in ranks[0].stderr
+    assert ranks[1].stderr == ""
