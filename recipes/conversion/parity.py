@@ -63,10 +63,10 @@ class Parity:
 
 def parity(source, converted, vocab_size: int) -> Parity:
     """The converted logits against the source's ([tokens, vocab]; a padded vocab is cut to `vocab_size`)."""
-    import torch
+    from ..quantization.accuracy import agreement
 
     a, b = source[:, :vocab_size].float(), converted[:, :vocab_size].float()
     if a.shape != b.shape:
         raise ValueError(f"logit shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    error = ((a - b).norm() / a.norm().clamp_min(torch.finfo(torch.float32).tiny)).item()
-    return Parity(a.shape[0], error, (a.argmax(-1) == b.argmax(-1)).float().mean().item(), (a - b).abs().max().item())
+    error, top1 = agreement(a, b)
+    return Parity(a.shape[0], error, top1, (a - b).abs().max().item())

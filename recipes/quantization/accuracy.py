@@ -18,13 +18,23 @@ def perplexity(logits, windows) -> float:
     return float(loss.exp())
 
 
+def agreement(reference, other) -> tuple[float, float]:
+    """How far `other` logits are from `reference` ones on the same tokens: ||other - reference|| / ||reference||
+    (NaN stays NaN), and the share of positions whose most likely token agrees."""
+    import torch
+
+    error = (other - reference).norm() / reference.norm().clamp_min(torch.finfo(torch.float32).tiny)
+    return float(error), float((other.argmax(-1) == reference.argmax(-1)).float().mean())
+
+
 def compare(reference, quantized, windows) -> dict:
     """Metrics of `quantized` logits against `reference` logits on the same windows."""
     ppl_ref, ppl_q = perplexity(reference, windows), perplexity(quantized, windows)
+    error, top1 = agreement(reference, quantized)
     return {
         "held_out_tokens": windows.numel(),
-        "relative_logit_error": round(float((quantized - reference).norm() / reference.norm()), 6),
-        "top1_agreement": round(float((quantized.argmax(-1) == reference.argmax(-1)).float().mean()), 6),
+        "relative_logit_error": round(error, 6),
+        "top1_agreement": round(top1, 6),
         "perplexity_bf16": round(ppl_ref, 4),
         "perplexity_quantized": round(ppl_q, 4),
         "perplexity_change": round(ppl_q / ppl_ref - 1, 6),

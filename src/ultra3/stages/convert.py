@@ -6,6 +6,7 @@ Megatron-Bridge's AutoBridge on the torchrun ranks, gated by the logits of the c
 from __future__ import annotations
 
 import os
+from functools import cache
 from typing import Any
 
 from ..stage import Input, Output, Parts, Stage
@@ -20,6 +21,7 @@ SHAPE_KEYS = ("num_layers", "hybrid_layer_pattern", "hidden_size", "ffn_hidden_s
               "moe_shared_expert_intermediate_size", "moe_latent_size", "mtp_num_layers", "vocab_size")
 
 
+@cache  # the schema is built from the Megatron-Bridge record: once
 def parts() -> Parts:
     return Parts(_schema(), _validate, _cost)
 
