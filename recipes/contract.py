@@ -39,6 +39,15 @@ HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"  # the first node's address, exported by the 
 GROUP_RESOURCE = "ultra3_group_"  # + a layout group's name: the Ray resource each node of that group has
 IMAGE_ID = "/opt/ultra3/image.json"  # in an image `ultra3 container build` made: {"kind", "digest"}
 
+# -- one run, many allocations (a Slurm job requeued until its work is done) -----------------------------
+CONTINUE_SIGNAL = "SIGUSR1"  # sent by Slurm run.grace_s before the time limit (--signal=USR1@grace_s)
+CONTINUE_EXIT = 75  # the stage stopped early with its work saved (the signal, exit_duration_in_mins): go on
+RERUN_EXIT = 16  # Megatron's re-run state machine: resume from the checkpoint it saved to disambiguate a fault
+VALIDATION_EXIT = 17  # Megatron's re-run state machine: a result failed validation again; never retried
+ATTEMPTS_FILE = "attempts.jsonl"  # in the job dir: the ledger, one JSON line as each attempt starts and ends
+FINISHED_FILE = "finished.json"  # in the job dir: the run is done; an attempt started after it runs nothing
+ATTEMPT_MARK = "ultra3 attempt"  # the first node's log line as an attempt starts: `ultra3 attempt N: ...`
+
 # -- rules both sides apply ----------------------------------------------------------------------
 NVFP4_CAPABILITIES = ((10, 0), (10, 3))  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only
 HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")  # a data prep's hub tokenizer: org/name[@revision]

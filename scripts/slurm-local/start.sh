@@ -134,6 +134,9 @@ ReturnToService=2
 # keep finished jobs visible in scontrol for 5 minutes
 MinJobAge=300
 KillWait=5
+# a requeued job waits cred_expire seconds before it may start again (default 120): the continuation tests
+# requeue jobs at their time limit
+AuthInfo=cred_expire=10
 $gres_types
 NodeName=DEFAULT CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB$gres_node State=UNKNOWN
 # the other nodes first: while \"localhost\" is the only node, Slurm takes any unknown node name for it

@@ -65,6 +65,9 @@ class Parts:
     # and earlier measured runs
     settle: Callable[[Any], None] | None = None  # keys derived once the inputs are known (job -> None)
     done: Callable[[Any], str | None] | None = None  # why submitting is not needed, its output up to date (job)
+    stop_time: Callable[[dict[str, Any]], tuple[int, str]] | None = None  # the seconds its runtime needs from the
+    # time-limit signal to a saved exit (one step and one save), and how they were sized (config -> (s, basis));
+    # None: it cannot stop early, so its Slurm job is never continued across allocations
 
 
 @dataclass(frozen=True)

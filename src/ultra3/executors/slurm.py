@@ -32,6 +32,8 @@ class Slurm(Executor):
         **NODE_KEYS,
         "cpus_per_task": Count(1),
         "time": SLURM_TIME,
+        "max_retries": Count(0),  # failed attempts requeued before the run stops (time-limit continuations are free)
+        "grace_s": Count(0),  # the time-limit signal this long before the end (null: the stage's stop time; 0: none)
         "container_image": IMAGE,  # a .sqsh, an image reference, "" for none, or an image kind
         "mounts": list[MOUNT],
         "account": str,
