@@ -47,6 +47,21 @@ VALIDATION_EXIT = 17  # Megatron's re-run state machine: a result failed validat
 ATTEMPTS_FILE = "attempts.jsonl"  # in the job dir: the ledger, one JSON line as each attempt starts and ends
 FINISHED_FILE = "finished.json"  # in the job dir: the run is done; an attempt started after it runs nothing
 ATTEMPT_MARK = "ultra3 attempt"  # the first node's log line as an attempt starts: `ultra3 attempt N: ...`
+ATTEMPT_ENDED = "ultra3: attempt"  # its line as the attempt ends: `ultra3: attempt N OUTCOME: why; what follows`
+
+
+def ledger_entries(text: str) -> list[dict]:
+    """The ledger's entries ({"event": "start"|"end", "attempt": N, ...}); a torn line (a node died while
+    writing it) is skipped."""
+    entries = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("attempt"), int) and not isinstance(entry["attempt"], bool):
+            entries.append(entry)
+    return entries
 
 # -- rules both sides apply ----------------------------------------------------------------------
 NVFP4_CAPABILITIES = ((10, 0), (10, 3))  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only

@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
-from . import contract, preflight
-from .contract import HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
+from . import attempts, contract, preflight
+from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
 from .nodes import free_port, preflight_everywhere, run_child
 from .ray_nodes import ray_across_nodes
 
@@ -53,6 +53,22 @@ def main() -> int:
     # one write per line (not two, as unbuffered print does): the nodes' launchers share the job log
     sys.stdout.reconfigure(line_buffering=True, write_through=False)
     cfg = load(args.config)
+    first = os.environ.get("SLURM_NODEID", "0") == "0"
+    attempt = attempts.begin(cfg) if first else None
+    if isinstance(attempt, int) or (not first and attempts.finished(cfg)):  # finished, or out of retries
+        return attempt or 0
+    watch = attempts.Watch(cfg, attempt if first else None)
+    code = run_stage(cfg, args.config, watch)
+    if code == 0 and first:
+        code = publish(cfg, time.monotonic() - started)
+    if first:
+        return attempts.end(cfg, attempt, code, watch)
+    # the first node decides what follows; a node ending non-zero would end it first (srun --kill-on-bad-exit)
+    return 0 if code == CONTINUE_EXIT else code
+
+
+def run_stage(cfg: dict, config: str, watch: attempts.Watch) -> int:
+    """The preflight, then the stage on this node."""
     job = cfg["job"]
     nodes = int(os.environ.get("SLURM_NNODES", "1"))
     if nodes > 1:
@@ -64,13 +80,12 @@ def main() -> int:
     if not (preflight_everywhere(cfg, nodes) if nodes > 1 else preflight.report(cfg)):
         return PREFLIGHT_EXIT
     if job["launch"] == "torchrun":
-        argv = torchrun_argv(cfg, job["recipe"], args.config)
+        argv = torchrun_argv(cfg, job["recipe"], config)
     else:
-        argv = [sys.executable, "-m", job["recipe"], "--config", args.config]
-    code = ray_across_nodes(cfg, argv) if job["launch"] == "ray" and nodes > 1 else run_child(argv)
-    if code == 0 and os.environ.get("SLURM_NODEID", "0") == "0":
-        return publish(cfg, time.monotonic() - started)
-    return code
+        argv = [sys.executable, "-m", job["recipe"], "--config", config]
+    if job["launch"] == "ray" and nodes > 1:
+        return ray_across_nodes(cfg, argv, watch.armed)
+    return run_child(argv, started=watch.armed)
 
 
 def publish(cfg: dict, seconds: float) -> int:

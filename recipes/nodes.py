@@ -9,15 +9,16 @@ import signal
 import socket
 import subprocess
 import time
+from typing import Callable
 
 from . import preflight
 
 WAIT_S = 600  # for the other nodes: their preflight, the Ray head's address, every Ray node
 
 
-def run_child(argv: list[str], env: dict | None = None) -> int:
+def run_child(argv: list[str], env: dict | None = None, started: Callable[[], None] | None = None) -> int:
     """Run `argv` (in this process group) until it ends, passing on the SIGTERM and SIGINT this process gets;
-    its exit code, 128+N when signal N ended it (as a shell reports it)."""
+    its exit code, 128+N when signal N ended it (as a shell reports it). `started` is called once it runs."""
     print("+ " + " ".join(argv))
     child: list[subprocess.Popen] = []
 
@@ -29,6 +30,8 @@ def run_child(argv: list[str], env: dict | None = None) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         child.append(subprocess.Popen(argv, env=env))
+        if started:
+            started()
         code = child[0].wait()
     finally:
         for sig, handler in previous.items():

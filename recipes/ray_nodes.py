@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 from .contract import GROUP_RESOURCE, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
 from .nodes import WAIT_S, free_port, job_file, read, run_child
@@ -24,7 +25,7 @@ from .nodes import WAIT_S, free_port, job_file, read, run_child
 STOP_WAIT_S = 30  # for the worker nodes to stop their Ray before the head stops its own
 
 
-def ray_across_nodes(cfg: dict, driver: list[str]) -> int:
+def ray_across_nodes(cfg: dict, driver: list[str], started: Callable[[], None] | None = None) -> int:
     """A Ray cluster over the Slurm allocation: the head and the driver on the first node, a worker on
     every other. Each node picks free ports of its own (nothing collides with another Ray on the same
     machine); the head publishes its address in the shared job dir, and its exit marker there releases
@@ -40,7 +41,7 @@ def ray_across_nodes(cfg: dict, driver: list[str]) -> int:
     temp = tempfile.mkdtemp(prefix="ray-u3-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     try:
         if os.environ.get("SLURM_NODEID", "0") == "0":
-            return _ray_head(cfg, driver, tag, temp)
+            return _ray_head(cfg, driver, tag, temp, started)
         return _ray_worker(cfg, tag, temp)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
@@ -117,7 +118,7 @@ def topo_rank() -> int:
     return int(os.environ.get("SLURM_NODEID", "0")) + 1
 
 
-def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:
+def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str, started: Callable[[], None] | None) -> int:
     ip = socket.gethostbyname((os.environ.get(HEAD_NODE_VAR) or node_address() or "127.0.0.1").split()[0])
     # Ray moves a loopback head to the machine's routable address unless told it is a one-machine cluster
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0" if ipaddress.ip_address(ip).is_loopback else "1"
@@ -133,7 +134,7 @@ def _ray_head(cfg: dict, driver: list[str], tag: str, temp: str) -> int:
             f.write(address)
         os.replace(tag + ".tmp", tag + ".head")
         _wait_for_nodes(ray, int(os.environ["SLURM_NNODES"]), head)
-        code = run_child(driver, env={**os.environ, "RAY_ADDRESS": address})
+        code = run_child(driver, env={**os.environ, "RAY_ADDRESS": address}, started=started)
         print(f"ray tasks per node: {tasks_per_node(ray)}")
         return code
     finally:

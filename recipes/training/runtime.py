@@ -14,13 +14,14 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import tempfile
 from typing import Any
 
 import yaml
 
-from ..contract import INPUT_ERROR_EXIT
+from ..contract import CONTINUE_EXIT, CONTINUE_SIGNAL, INPUT_ERROR_EXIT
 from .hf_config import hf_config
 from .plan import (
     BLEND_HELPER,
@@ -136,9 +137,28 @@ def train(stage: str, path: str) -> None:
     for line in apply_precision(container, cfg):
         print(f"ultra3: {line}", flush=True)
     prebuilt_dataset_helpers()
-    resolve(plan.entry)(container, resolve(FORWARD_STEP))
+    if cfg["job"].get("grace_s"):  # Slurm signals before the time limit: save at the step's end and stop
+        container.train.exit_signal_handler = True
+        container.train.exit_signal = getattr(signal, CONTINUE_SIGNAL)
+    try:
+        resolve(plan.entry)(container, resolve(FORWARD_STEP))
+    except SystemExit as e:  # Megatron-Bridge's exit before train_iters: the signal, exit_duration_in_mins...
+        if e.code not in (0, None):
+            raise  # Megatron's re-run state machine (16, 17) and errors keep their code
+        stopped_early(container)
+    finally:
+        import torch.distributed as dist
 
-    import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+
+def stopped_early(container) -> None:
+    """The run stopped before its last iteration with a checkpoint saved: CONTINUE_EXIT, so the job goes on in
+    the next allocation; with no checkpoint.save nothing was kept, and going on would start over."""
+    if not container.checkpoint.save:
+        raise TrainingInputError("stopped before train.train_iters with nothing saved (checkpoint.save is unset), "
+                                 "so no later allocation can go on from here; set checkpoint.save")
+    print(f"ultra3: stopped early with a checkpoint in {container.checkpoint.save}; the next allocation goes on "
+          "from it", flush=True)
+    raise SystemExit(CONTINUE_EXIT)

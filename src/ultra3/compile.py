@@ -176,7 +176,7 @@ def _settle_inputs(job: Job) -> None:
             job.report.error("--config", f"{job.config_path.name}: its outputs would be published as {made['name']!r}; "
                                          "name the config file with letters, digits, '.', '_' and '-' only")
     settled = {"inputs": artifacts.job_inputs(job.stage, job.config, job.sources, profile, producers),
-               "digest": digest, "artifacts_root": store.root}
+               "digest": digest, "artifacts_root": store.root, "grace_s": _grace(job)}
     for key, value in settled.items():
         job.flat[f"job.{key}"] = value
         job.config["job"][key] = value
@@ -207,6 +207,16 @@ def _address_outputs(job: Job, digest: str) -> None:
         return new + node[len(old):] if isinstance(node, str) and (node == old or node.startswith(old + "/")) else node
 
     job.config.update(moved(job.config))
+
+
+def _grace(job: Job) -> int | None:
+    """Seconds before a Slurm job's time limit that its stage is signalled to save and stop (run.grace_s, else the
+    stage's stop time); None where nothing signals it: another executor, a stage that cannot stop early, 0."""
+    stop_time = job.stage.parts().stop_time
+    if "grace_s" not in executors.executor(job.executor).keys or not stop_time:
+        return None
+    grace = job.config["run"].get("grace_s")
+    return (stop_time(job.config)[0] if grace is None else grace) or None
 
 
 def _artifact_store(job: Job) -> artifacts.Store:

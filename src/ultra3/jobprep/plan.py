@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import CONFIG_FILE, ENTRY_MODULE, HEAD_NODE_VAR
+from ..contract import CONFIG_FILE, CONTINUE_SIGNAL, ENTRY_MODULE, HEAD_NODE_VAR
 from ..forms import IMAGE, MOUNT
 from ..job import Job
 from ..paths import JOB_DIR_PLACEHOLDER
@@ -79,13 +79,20 @@ def slurm_spec(job: Job, job_dir: str) -> SlurmSpec:
         mem=run.get("mem"),
         exclusive=True if run.get("exclusive") else None,
         constraint=run.get("constraint"),
-        additional={k: run[k] for k in ("reservation", "segment") if run.get(k)},
+        additional={**{k: run[k] for k in ("reservation", "segment") if run.get(k)}, **_signal(job)},
         container_image=run.get("container_image") or None,  # "": no container, on purpose
         container_mounts=list(run.get("mounts") or []),
         env_vars=env,
         setup_lines=_untraced([line.replace(JOB_DIR_PLACEHOLDER, job_dir) for line in run.get("setup") or []]),
         job_dir=job_dir,
     )
+
+
+def _signal(job: Job) -> dict[str, str]:
+    """Slurm signals the job's steps job.grace_s before its time limit: the stage saves and stops, and the
+    job is requeued (recipes/attempts.py)."""
+    grace = job.config["job"].get("grace_s")
+    return {"signal": f"{CONTINUE_SIGNAL.removeprefix('SIG')}@{grace}"} if grace else {}
 
 
 def _untraced(lines: list[str]) -> str | None:
