@@ -42,8 +42,10 @@ def read(cfg: dict) -> list[dict]:
 
 
 def _append(cfg: dict, entry: dict) -> None:
-    with open(_path(cfg, ATTEMPTS_FILE), "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry) + "\n")
+    """One line, on a line of its own: after a torn last line (its writer died) too."""
+    with open(_path(cfg, ATTEMPTS_FILE), "a+b") as f:
+        torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+        f.write((b"\n" if torn else b"") + json.dumps(entry).encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -139,13 +141,23 @@ class Watch:
                                                 "(run.grace_s); its last save is kept")
 
 
-_ENDED = threading.Lock()  # an attempt ends once: by its stage's exit, or by the watchdog
+_ENDED: set[tuple[str, int]] = set()  # an attempt ends once: by its stage's exit, or by the watchdog
+_ENDING = threading.Lock()
+
+
+def _first_end(cfg: dict, attempt: dict) -> bool:
+    with _ENDING:
+        key = (cfg["job"]["dir"], attempt["attempt"])
+        if key in _ENDED:
+            return False
+        _ENDED.add(key)
+        return True
 
 
 def end(cfg: dict, attempt: dict, code: int | None, watch: Watch | None, why: str = "") -> int:
     """Record how the attempt ended and act on it: mark the run finished, requeue it, or stop. Returns the
     exit code for the job step (a requeued job is ended by Slurm first)."""
-    if not _ENDED.acquire(blocking=False):
+    if not _first_end(cfg, attempt):
         return CONTINUE_EXIT if code is None else code
     if code == 0:
         at = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -132,8 +132,9 @@ AccountingStorageHost=localhost
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 SchedulerType=sched/backfill
-# the default (3s) delays every batch job
-SchedulerParameters=batch_sched_delay=0
+# the default (3s) delays every batch job; a requeued job, once its hold is over, waits for the next
+# scheduling pass (60 s by default, backfill's 30 s)
+SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import jobs, records
+from .. import jobs, ledger, records
 from ..errors import LauncherError, UserError
 from ..executors import for_record
 from ..pipe_records import find_pipe
@@ -51,6 +51,9 @@ def show_status(ref: str | None) -> None:
         return _pipe_status(pipe)
     r = jobs.find(ref)
     st = jobs.state(r)
+    tried = ledger.attempts(r)
+    if tried and st.done and tried[-1].outcome in ("failed", "stopped", "lost"):
+        st.reason = tried[-1].why  # the run's own word on why it stopped, over the scheduler's or the log's
     print(f"job:       {r.id}")
     print(f"stage:     {r.stage} (config {r.config}, {r.profile or 'local'}, {r.mode})")
     print(f"state:     {st.label}{f' (exit code {st.exit_code})' if st.exit_code is not None else ''}"
@@ -63,6 +66,20 @@ def show_status(ref: str | None) -> None:
     host = f" on {remote['host']}" if (remote := where.remote(r)) else ""
     print(f"job dir:   {r.job_dir}{host}")
     print(f"log:       {where.log_at(r)}")
+    if len(tried) > 1 or (tried and tried[-1].outcome not in ("done", "running")):
+        _attempt_table(tried)
+
+
+def _attempt_table(tried: list[ledger.Attempt]) -> None:
+    print(f"attempts:  {len(tried)}")
+    for a in tried:
+        began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.start)) if a.start else "-"
+        print(f"  {a.number:>3}  {began}  {_duration(a.seconds):>8}  {a.outcome:<8}  {a.why}")
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def show_logs(ref: str | None, follow: bool) -> None:

@@ -49,8 +49,8 @@ def _cluster_states(records: list[JobRecord]) -> dict[str, State]:
 
 # why the scheduler ended a job, where the job's own log cannot say it
 ENDED_BY_SLURM = {
-    "TIMEOUT": "reached its time limit (run.time); submit it again to go on from its last checkpoint, or give "
-               "it more time",
+    "TIMEOUT": "reached its time limit (run.time) before its stage stopped and requeued the job; submit it again to "
+               "go on from its last checkpoint, or give it more time (run.time) or more warning (run.grace_s)",
     "NODE_FAIL": "a node of the job failed; submit it again (it goes on from its last checkpoint)",
     "OUT_OF_MEMORY": "a process ran out of host memory (Slurm's memory limit, run.mem)",
     "PREEMPTED": "preempted by a job of higher priority",
@@ -82,7 +82,9 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
             found[parts[0]] = State(st, exit_code, reason, "sacct")
     for jid, earlier in attempts.items():
         st = found[jid]
-        again = f"requeued by Slurm after {', '.join(earlier)} (attempt {len(earlier) + 1})"
+        by_slurm = [s for s in earlier if s != "REQUEUED"]  # REQUEUED: by the job itself (recipes/attempts.py)
+        again = f"requeued by Slurm after {', '.join(by_slurm)} (attempt {len(earlier) + 1})" if by_slurm else \
+            f"attempt {len(earlier) + 1}, the job requeued itself after each earlier one"
         st.reason = f"{again}; {st.reason}" if st.reason else again
     causes = [] if acct.returncode == 0 else [_failed("sacct", acct)]
     missing = [slurm_id(r) for r in records if slurm_id(r) not in found]

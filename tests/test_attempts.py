@@ -1,0 +1,83 @@
+"""The attempt supervisor's ledger and decisions (recipes/attempts.py) on real job dirs, off Slurm: what a requeued
+attempt finds and what it does; the Slurm side is tests/test_long_runs_slurm.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from recipes import attempts
+from recipes.contract import ATTEMPTS_FILE, CONTINUE_EXIT, FINISHED_FILE, INPUT_ERROR_EXIT, ledger_entries
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch) -> dict:
+    for var in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_NNODES"):
+        monkeypatch.delenv(var, raising=False)
+    job_dir, outputs = tmp_path / "job", tmp_path / "outputs" / "ultra3-pretrain" / "default-abc"
+    job_dir.mkdir()
+    outputs.mkdir(parents=True)
+    return {"run": {"max_retries": 1}, "job": {"dir": str(job_dir), "id": "ultra3-pretrain_x", "outputs": str(outputs),
+                                               "produces": [{"path": f"{outputs}/checkpoints"}]}}
+
+
+def entries(cfg: dict) -> list[dict]:
+    with open(f"{cfg['job']['dir']}/{ATTEMPTS_FILE}") as f:
+        return ledger_entries(f.read())
+
+
+def test_a_completed_attempt_marks_the_run_finished_where_every_submission_looks(cfg, capsys):
+    attempt = attempts.begin(cfg)
+    assert attempt["attempt"] == 1 and capsys.readouterr().out == ""  # off Slurm a job is one attempt: no line
+    assert attempts.end(cfg, attempt, 0, None) == 0
+    for folder in (cfg["job"]["dir"], cfg["job"]["outputs"]):  # the checkpoints live under job.outputs
+        assert json.loads(open(f"{folder}/{FINISHED_FILE}").read())["attempt"] == 1
+    assert attempts.begin(cfg) == 0  # a new submission of the same config, or a requeue: nothing runs
+    assert "this run finished" in capsys.readouterr().out
+    assert [e["event"] for e in entries(cfg)] == ["start", "end"]
+
+
+def test_a_run_whose_outputs_are_its_own_marks_only_its_job_dir(cfg):
+    cfg["job"]["produces"] = [{"path": f"{cfg['job']['dir']}/checkpoints"}]  # a fresh run on every submission
+    attempts.end(cfg, attempts.begin(cfg), 0, None)
+    assert not (attempts.os.path.exists(f"{cfg['job']['outputs']}/{FINISHED_FILE}"))
+
+
+def test_an_attempt_that_left_no_end_is_closed_as_lost_and_counts_as_a_failure(cfg):
+    first = attempts.begin(cfg)  # its node died: no end line
+    with open(f"{cfg['job']['dir']}/{ATTEMPTS_FILE}", "a") as f:
+        f.write('{"event": "end", "attem')  # a torn line, as a node dying mid-write leaves
+    second = attempts.begin(cfg)
+    assert second["attempt"] == first["attempt"] + 1
+    lost = [e for e in entries(cfg) if e["event"] == "end"]
+    assert [(e["attempt"], e["outcome"]) for e in lost] == [(1, "lost")]
+    assert attempts.failures_in_a_row(entries(cfg)) == 1
+
+
+def test_failures_in_a_row_past_max_retries_stop_the_run_before_it_starts(cfg, capsys):
+    for _ in range(2):
+        attempts.begin(cfg)  # two attempts lost in a row; run.max_retries is 1
+    assert attempts.begin(cfg) == 1
+    stopped = entries(cfg)[-1]
+    assert stopped["outcome"] == "stopped" and "2 failed attempts in a row, over run.max_retries=1" in stopped["why"]
+
+
+def test_a_success_or_a_continuation_resets_the_count(cfg):
+    ledger = [{"event": "end", "attempt": 1, "outcome": "failed"}, {"event": "end", "attempt": 2, "outcome": "continue"},
+              {"event": "end", "attempt": 3, "outcome": "lost"}, {"event": "end", "attempt": 4, "outcome": "failed"}]
+    assert attempts.failures_in_a_row(ledger) == 2
+    assert attempts.failures_in_a_row(ledger[:2]) == 0
+
+
+@pytest.mark.parametrize("code, outcome, why", [
+    (INPUT_ERROR_EXIT, "stopped", "a config or input error: never retried"),
+    (17, "stopped", "failed validation again (exit 17); never retried"),
+    (CONTINUE_EXIT, "continue", "stopped early with its work saved"),
+    (16, "failed", "asks to resume from its checkpoint (exit 16)"),
+    (137, "failed", "exit code 137 (SIGKILL"),
+])
+def test_how_an_attempt_ends_decides_what_follows(cfg, monkeypatch, code, outcome, why):
+    assert attempts.end(cfg, attempts.begin(cfg), code, None) == code
+    last = entries(cfg)[-1]
+    assert (last["outcome"], last["exit"]) == (outcome, code) and why in last["why"], last
