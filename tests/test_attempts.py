@@ -64,8 +64,8 @@ def test_failures_in_a_row_past_max_retries_stop_the_run_before_it_starts(cfg, c
 
 
 def test_a_success_or_a_continuation_resets_the_count(cfg):
-    ledger = [{"event": "end", "attempt": 1, "outcome": "failed"}, {"event": "end", "attempt": 2, "outcome": "continue"},
-              {"event": "end", "attempt": 3, "outcome": "lost"}, {"event": "end", "attempt": 4, "outcome": "failed"}]
+    ledger = [{"event": "end", "attempt": n, "outcome": outcome}
+              for n, outcome in enumerate(("failed", "continue", "lost", "failed"), 1)]
     assert attempts.failures_in_a_row(ledger) == 2
     assert attempts.failures_in_a_row(ledger[:2]) == 0
 
