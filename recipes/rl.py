@@ -36,7 +36,7 @@ import time
 
 import yaml
 
-from .contract import GROUP_RESOURCE, PREFLIGHT_EXIT, PREFLIGHT_MARK, newest_step
+from .contract import CONTINUE_EXIT, GROUP_RESOURCE, PREFLIGHT_EXIT, PREFLIGHT_MARK, newest_step
 from .dataprep.errors import DataPrepError
 from .dataprep.settings import cli
 from .quantization import megatron_export
@@ -340,8 +340,9 @@ def train(cfg: dict, path: str) -> int:
     with open(config) as f:
         done, target = newest[0] if newest else 0, step_budget(cfg, yaml.safe_load(f))
     if target is not None and done < target:
-        return stop(f"stopped at step {done} of {target} at the time limit; submit the same command again to "
-                    f"resume from step {done}")
+        log(f"stopped at step {done} of {target} for the time limit (checkpointing.checkpoint_must_save_by); the "
+            f"next allocation resumes from step {done}")
+        return CONTINUE_EXIT
     return export_output(cfg, newest)
 
 
