@@ -52,8 +52,8 @@ def show_status(ref: str | None) -> None:
     r = jobs.find(ref)
     st = jobs.state(r)
     tried = ledger.attempts(r)
-    if tried and st.done and tried[-1].outcome in ("failed", "stopped", "lost"):
-        st.reason = tried[-1].why  # the run's own word on why it stopped, over the scheduler's or the log's
+    if len(tried) > 1 and st.done and tried[-1].outcome in ("failed", "stopped", "lost"):
+        st.reason = tried[-1].why  # why the run stopped after requeues, over the scheduler's word or the log's
     print(f"job:       {r.id}")
     print(f"stage:     {r.stage} (config {r.config}, {r.profile or 'local'}, {r.mode})")
     print(f"state:     {st.label}{f' (exit code {st.exit_code})' if st.exit_code is not None else ''}"
@@ -66,7 +66,7 @@ def show_status(ref: str | None) -> None:
     host = f" on {remote['host']}" if (remote := where.remote(r)) else ""
     print(f"job dir:   {r.job_dir}{host}")
     print(f"log:       {where.log_at(r)}")
-    if len(tried) > 1 or (tried and tried[-1].outcome not in ("done", "running")):
+    if len(tried) > 1:
         _attempt_table(tried)
 
 
