@@ -133,7 +133,9 @@ class Watch:
                   flush=True)
             grace = (self.cfg.get("job") or {}).get("grace_s")
             if self.attempt and isinstance(grace, int) and grace > STOP_MARGIN_S:
-                threading.Timer(grace - STOP_MARGIN_S, self._overdue).start()
+                timer = threading.Timer(grace - STOP_MARGIN_S, self._overdue)
+                timer.daemon = True  # a stage that stops in time ends the job now, not when the timer would fire
+                timer.start()
 
     def _overdue(self) -> None:
         waited = round(time.time() - (self.signalled or time.time()))

@@ -4,8 +4,12 @@ attempt finds and what it does; the Slurm side is tests/test_long_runs_slurm.py.
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
+
+from conftest import wait_for
 
 from recipes import attempts
 from recipes.contract import ATTEMPTS_FILE, CONTINUE_EXIT, FINISHED_FILE, INPUT_ERROR_EXIT, ledger_entries
@@ -81,3 +85,19 @@ def test_how_an_attempt_ends_decides_what_follows(cfg, monkeypatch, code, outcom
     assert attempts.end(cfg, attempts.begin(cfg), code, None) == code
     last = entries(cfg)[-1]
     assert (last["outcome"], last["exit"]) == (outcome, code) and why in last["why"], last
+
+
+def test_the_watchdog_ends_an_attempt_whose_stage_outlives_the_signal(cfg):
+    cfg["job"]["grace_s"] = attempts.STOP_MARGIN_S + 1  # the stage has 1 s from the signal
+    watch = attempts.Watch(cfg, attempts.begin(cfg))
+    watch.armed()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # as Slurm sends it to the job's steps
+        assert wait_for(lambda: len(entries(cfg)) == 2, timeout=10, interval=0.05)
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    assert watch.signalled
+    last = entries(cfg)[-1]
+    assert last["outcome"] == "failed" and last["why"].startswith("did not stop within 1 s of the time-limit signal")
+    assert attempts.end(cfg, {"attempt": last["attempt"]}, CONTINUE_EXIT, watch) == CONTINUE_EXIT  # ended once
+    assert len(entries(cfg)) == 2
