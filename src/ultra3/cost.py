@@ -15,6 +15,7 @@ Stdlib only (the dry run stays fast); docs/cost.md lists every figure with its s
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -51,6 +52,12 @@ CALIBRATION_MFU = 0.10
 CHECKPOINT_BYTES_PER_PARAM = 2 + 0.6
 IO_BYTES_PER_S_PER_NODE = 1e9
 
+# Stopping at the time-limit signal (Parts.stop_time): one step, then one synchronous save of the BF16 weights and
+# the distributed optimizer's FP32 main weights and two Adam moments (2 + 12 bytes/param; the Ultra report: a
+# synchronous save blocked ~60 s) at IO_BYTES_PER_S_PER_NODE, then the processes' exit.
+SAVE_BYTES_PER_PARAM = 2 + 12
+STOP_MARGIN_S = 30  # the step-end check of the signal, the exit of every rank
+STOP_FLOOR_S = 60  # Slurm checks its timers about once a minute
 
 
 @dataclass
@@ -94,6 +101,23 @@ def training(config: dict, measured: list[dict]) -> Estimate:
     basis = (f"{what}, {fmt_count(tokens)} tokens, {MFU[prec]:.0%} MFU of {where}"
              + (", x4/3 for full recompute" if recompute else "") + " (assumed)")
     return Estimate(stage, gpu_s / gpus / 3600, gpu_s / 3600, None, basis)
+
+
+def training_stop(config: dict) -> tuple[int, str]:
+    """Seconds from the time-limit signal to a saved exit: one step (the throughput model's) + one save + the exit."""
+    iters = pos_int(get(config, "train.train_iters"))
+    step = training(config, [])
+    step_s = step.wall_hours * 3600 / iters if step.wall_hours and iters else None
+    params, _ = _quantize_params(config)
+    nodes = pos_int(get(config, "run.nodes")) or 1
+    save_s = params[0] * SAVE_BYTES_PER_PARAM / (nodes * IO_BYTES_PER_S_PER_NODE) if params else None
+    need = (step_s or 0) + (save_s or 0) + STOP_MARGIN_S
+    said = [f"one step {step_s:.0f} s" if step_s else f"one step (unknown: {step.unknown})",
+            f"one save {save_s:.0f} s ({_bytes(params[0] * SAVE_BYTES_PER_PARAM)} at {IO_BYTES_PER_S_PER_NODE / 1e9:g} "
+            f"GB/s per node x {nodes}, assumed)" if save_s is not None else "one save (unknown model size)",
+            f"{STOP_MARGIN_S} s to exit"]
+    floor = f", at least {STOP_FLOOR_S} s" if need < STOP_FLOOR_S else ""
+    return max(STOP_FLOOR_S, math.ceil(need)), " + ".join(said) + floor
 
 
 def image_build(config: dict, measured: list[dict]) -> Estimate:

@@ -26,6 +26,9 @@ BYTES_PER_RECORD = 2300
 # did 55-98 MB/s on a 200 MB blend on the 2-core VM (docs/data_prep.md), JSON decoding ~70% of it.
 RL_BYTES_PER_S = 60e6
 HF = "hf://"
+# Stopping at the time-limit signal: running shards are abandoned (finished ones are kept by their receipts), the
+# workers ended and the runtime exits; a few seconds, with a margin
+STOP_S = 60
 
 
 def data_prep(config: dict, measured: list[dict]) -> Estimate:
@@ -127,3 +130,7 @@ def _cores(config: dict) -> tuple[int | None, str]:
     if per_node:
         return per_node * (pos_int(get(config, "run.nodes")) or 1), "run.nodes x run.cpus_per_task"
     return None, ""
+
+
+def data_prep_stop(config: dict) -> tuple[int, str]:
+    return STOP_S, "running shards abandoned, the workers ended (finished shards kept)"

@@ -40,7 +40,8 @@ IMAGES = ImagesTable()
 
 # What the machines are, as a profile describes them (the `cluster` section): validation checks the
 # job's shape (run.nodes x run.gpus_per_node) against it.
-CLUSTER: Schema = {"gpu": str, "gpus_per_node": Count(0), "nvlink_domain_size": Count(1)}
+CLUSTER: Schema = {"gpu": str, "gpus_per_node": Count(0), "nvlink_domain_size": Count(1),
+                   "node_mtbf_hours": (int, float)}  # a node's mean time between failures: the long-run plan's
 
 
 # Our own keys of the `dataset` section: the runtime turns them into Megatron-Bridge's dataset config.

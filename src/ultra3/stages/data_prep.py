@@ -16,11 +16,11 @@ CHECKS = ("python_version", "image", "data_prep_packages", "data_prep_inputs")
 def parts(kind: str) -> Callable[[], Parts]:
     def of_kind() -> Parts:
         from .. import schema
-        from ..cost_data_prep import data_prep
+        from ..cost_data_prep import data_prep, data_prep_stop
         from ..validation.data_prep import validate_data_prep
 
         kinds = {"pretrain": schema.DATA_PREP_PRETRAIN, "sft": schema.DATA_PREP_SFT, "rl": schema.DATA_PREP_RL}
-        return Parts(kinds[kind], validate_data_prep, data_prep)
+        return Parts(kinds[kind], validate_data_prep, data_prep, stop_time=data_prep_stop)
 
     return of_kind
 

@@ -8,11 +8,11 @@ CHECKS = ("python_version", "image", "training_packages", "kernels", "gpus", "in
 
 
 def parts() -> Parts:
-    from ..cost import training
+    from ..cost import training, training_stop
     from ..schema import TRAINING
     from ..validation import validate_training
 
-    return Parts(TRAINING, validate_training, training)
+    return Parts(TRAINING, validate_training, training, stop_time=training_stop)
 
 
 PRETRAIN = Stage(
