@@ -44,7 +44,10 @@ def read(cfg: dict) -> list[dict]:
 def _append(cfg: dict, entry: dict) -> None:
     """One line, on a line of its own: after a torn last line (its writer died) too."""
     with open(_path(cfg, ATTEMPTS_FILE), "a+b") as f:
-        torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+        torn = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
         f.write((b"\n" if torn else b"") + json.dumps(entry).encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())

@@ -376,7 +376,7 @@ def write_plan(out: str, settings: Settings, sources: dict, plan: dict, tasks: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli(PROG, __doc__.split("\n\n")[0], run, argv)
+    return cli(PROG, __doc__.split("\n\n")[0], run, argv, stops=True)
 
 
 if __name__ == "__main__":

@@ -294,7 +294,7 @@ def prepare(settings: Settings, todo: list, receipts: dict, staging: str) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli(PROG, __doc__.split("\n\n")[0], run, argv)
+    return cli(PROG, __doc__.split("\n\n")[0], run, argv, stops=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ def cfg(tmp_path, monkeypatch) -> dict:
 
 def entries(cfg: dict) -> list[dict]:
     with open(f"{cfg['job']['dir']}/{ATTEMPTS_FILE}") as f:
-        return ledger_entries(f.read())
+        text = f.read()
+    assert "\n\n" not in text  # one entry a line, no blank ones
+    return ledger_entries(text)
 
 
 def test_a_completed_attempt_marks_the_run_finished_where_every_submission_looks(cfg, capsys):

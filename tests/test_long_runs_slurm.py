@@ -147,6 +147,8 @@ def test_a_finished_run_requeued_runs_nothing(slurm, cli, home, corpus):
 def test_the_time_limit_signal_continues_the_run_byte_identical(slurm, cli, home, corpus, tmp_path):
     started = time.time()
     job_id, job_dir, slurm_id = submit(cli, corpus, "ci-cpu")
+    script = next(job_dir.glob("*_sbatch.sh")).read_text()
+    assert "\n#SBATCH --signal=USR1@60\n" in script  # the stage's stop time (cost_data_prep.STOP_S)
     assert wait_for(lambda: shards_done(job_dir) >= 3, timeout=120, interval=0.05), "no shard done"
     signalled = time.time()
     # what Slurm does at run.grace_s before the time limit (--signal=USR1@N): the signal to every job step
@@ -159,17 +161,23 @@ def test_the_time_limit_signal_continues_the_run_byte_identical(slurm, cli, home
     assert "state:     COMPLETED (exit code 0)" in status, status
     ends = [(e["attempt"], e["outcome"]) for e in ledger(job_dir) if e["event"] == "end"]
     assert ends == [(1, "continue"), (2, "done")]
+    logs = cli("jobs", "logs", job_id, prog="nemotron").out
+    assert "ultra3: SIGUSR1 from Slurm: the time limit is near; the stage saves and stops" in logs
+    assert "stopped for the time limit: " in logs and "requeueing Slurm job" in logs
     continued = time.time() - started
 
     whole_id, whole_dir, _ = submit(cli, corpus, "ci-cpu")
     assert "state:     COMPLETED (exit code 0)" in ended(cli, whole_id)
     uninterrupted = time.time() - continued - started
+    # every file byte for byte (the blend names its shards by their paths, under each job's own dir)
     files = sorted(p.relative_to(whole_dir / "data") for p in (whole_dir / "data").rglob("*") if p.is_file()
-                   and p.name not in ("manifest.json",))
+                   and p.name not in ("manifest.json", "blend.json"))
     assert files and sorted(p.relative_to(job_dir / "data") for p in (job_dir / "data").rglob("*")
-                            if p.is_file() and p.name not in ("manifest.json",)) == files
+                            if p.is_file() and p.name not in ("manifest.json", "blend.json")) == files
     _, mismatch, errors = filecmp.cmpfiles(whole_dir / "data", job_dir / "data", [str(f) for f in files],
                                            shallow=False)
     assert not mismatch and not errors, mismatch + errors
+    blend = (job_dir / "data" / "blend.json").read_text()
+    assert blend.replace(str(job_dir), str(whole_dir)) == (whole_dir / "data" / "blend.json").read_text()
     print(f"\ncontinued: 2 allocations, {continued:.1f} s; uninterrupted: 1 allocation, {uninterrupted:.1f} s; "
           f"signal to the next attempt's start: {resumed - signalled:.1f} s")

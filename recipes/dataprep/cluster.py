@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 
+from . import stop
 from .errors import BadRecordError, DataPrepError
 from .pool import ClusterError, Pool, local_cpus
 
@@ -187,13 +188,19 @@ class Cluster:
         DataPrepError; and None when nothing came within TICK_S. Any other error is raised. `name`: the tasks'
         name on Ray (default: the function's)."""
         self.start(fn.__module__)
+        stop.arm()
         todo = enumerate(args)
         inflight: dict = {}
+        finished = 0
         try:
             if self.backend == "ray":
-                yield from self._ray_tasks(fn, todo, inflight, workers, cpus_per_task, name or fn.__name__)
+                events = self._ray_tasks(fn, todo, inflight, workers, cpus_per_task, name or fn.__name__)
             else:
-                yield from self.pool.tasks(fn, todo, inflight, workers)
+                events = self.pool.tasks(fn, todo, inflight, workers)
+            for event in events:
+                stop.check(finished)  # the time-limit signal: no task more, the running ones ended (finally)
+                finished += bool(event and event[2])
+                yield event
         finally:
             self._cancel(inflight)
 

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 
+from ..contract import CONTINUE_SIGNAL
 from .errors import DataPrepError
 
 
@@ -128,6 +129,7 @@ def _worker_init(queue) -> None:
     global _queue
     _queue = queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    signal.signal(getattr(signal, CONTINUE_SIGNAL), signal.SIG_IGN)  # the time-limit signal too (dataprep/stop.py)
 
 
 def _call(i: int, fn, args: tuple, generator: bool):

@@ -12,20 +12,32 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..contract import INPUT_ERROR_EXIT, NAME  # NAME: what a dataset's name may be (its output directory)
-from . import inputs
+from ..contract import CONTINUE_EXIT, INPUT_ERROR_EXIT, NAME  # NAME: what a dataset name may be
+from . import inputs, stop
 from .cluster import ClusterError
 from .errors import DISK_FULL, DataPrepError
 
 
-def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None) -> int:
+def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None,
+        stops: bool = False) -> int:
     """`--config PATH` to `run`; config and input errors, and a full disk: one line, INPUT_ERROR_EXIT; Ray's: one
-    line, 1."""
+    line, 1. `stops`: the run keeps its finished tasks, so the time-limit signal ends it with CONTINUE_EXIT (1
+    when no task finished in this attempt: going on would get no further)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
+    if stops:
+        stop.enable()
     try:
         return run(args.config)
+    except stop.TimeLimit as e:
+        if not e.finished:
+            print(f"{prog}: error: the time-limit signal came before any task finished in this allocation; give it "
+                  "more time (run.time) or make the tasks smaller (num_shards)", file=sys.stderr, flush=True)
+            return 1
+        print(f"{prog}: stopped for the time limit: {e.finished} task(s) finished in this allocation and kept, the "
+              "rest left for the next one", flush=True)
+        return CONTINUE_EXIT
     except DataPrepError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return INPUT_ERROR_EXIT

@@ -20,7 +20,8 @@ def parts(kind: str) -> Callable[[], Parts]:
         from ..validation.data_prep import validate_data_prep
 
         kinds = {"pretrain": schema.DATA_PREP_PRETRAIN, "sft": schema.DATA_PREP_SFT, "rl": schema.DATA_PREP_RL}
-        return Parts(kinds[kind], validate_data_prep, data_prep, stop_time=data_prep_stop)
+        # sft's packing is all or nothing (its staging dir goes on a failure): it cannot stop early and go on
+        return Parts(kinds[kind], validate_data_prep, data_prep, stop_time=None if kind == "sft" else data_prep_stop)
 
     return of_kind
 
