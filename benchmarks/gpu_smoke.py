@@ -24,13 +24,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from ultra3.progress import FIELD, ITERATION, LOADED, MEMORY, SAVED, VALIDATION  # Megatron-Bridge's log lines
+
 STEPS = ("pretrain", "resume", "sft", "quantize")
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|(.*)")
-FIELD = re.compile(r"\s*([^|:]+?):\s*([-+0-9.eE]+)\s*\|")
-MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(GB\)(.*)")
-SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to (\S+)")
-LOADED = re.compile(r"successfully loaded checkpoint from (\S+) .*at iteration (\d+)")
-VALIDATION = re.compile(r"validation loss at iteration (\d+)(?: on (\w+) set)? \|.*?lm loss value: ([-+0-9.eE]+)")
 AUTOTUNED = re.compile(r"^finished after ([0-9.]+)s,")
 ACCURACY = re.compile(r"accuracy on (\d+) held-out tokens: relative logit error ([0-9.]+), top-1 agreement ([0-9.]+), "
                       r"perplexity ([0-9.]+) -> ([0-9.]+)")
@@ -42,8 +38,8 @@ def parse(text: str) -> dict:
     iterations, memory, saved, loaded, validation, autotuned, quantized = [], {}, [], [], [], [], {}
     for line in text.splitlines():
         if match := ITERATION.search(line):
-            fields = {k.strip(): float(v) for k, v in FIELD.findall(match.group(3) + "|")}
-            iterations.append({"iteration": int(match.group(1)), "of": int(match.group(2)), **fields})
+            fields = {k.strip(): float(v) for k, v in FIELD.findall(match.group(4) + "|")}
+            iterations.append({"iteration": int(match.group(2)), "of": int(match.group(3)), **fields})
         elif match := MEMORY.search(line):
             memory = {k.strip(): float(v) for k, v in FIELD.findall(match.group(2) + "|")}
         elif match := SAVED.search(line):

@@ -213,7 +213,7 @@ def build_ultra3() -> typer.Typer:
 
 
 def build_jobs() -> typer.Typer:
-    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, lineage.")
+    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, lineage, plot, goodput.")
 
     @app.command("list")
     def list_(limit: int = typer.Option(20, "-n", "--limit", min=1, help="How many of the newest jobs.")) -> None:
@@ -252,6 +252,23 @@ def build_jobs() -> typer.Typer:
         from .jobs import show_lineage
 
         show_lineage(job)
+
+    @app.command()
+    def plot(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, or a unique prefix (default: the "
+                                                            "newest job)."),
+             output: Optional[str] = typer.Option(None, "-o", "--output", help="The PNG to write (default: "
+                                                                             "<job id>-loss.png here).")) -> None:
+        """Write a training run's loss curve (every attempt, validation, spikes) as a PNG."""
+        from .jobs import show_plot
+
+        show_plot(job, output)
+
+    @app.command()
+    def goodput(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
+        """Split a run's allocated time into productive, start-up and lost, attempt by attempt."""
+        from .jobs import show_goodput
+
+        show_goodput(job)
 
     return app
 

@@ -1,11 +1,12 @@
-"""`nemotron jobs list | status | logs | cancel | lineage`; status and cancel also take a pipe id."""
+"""`nemotron jobs list | status | logs | cancel | lineage | plot | goodput`; status, cancel and goodput also take a
+pipe id."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from .. import jobs, ledger, records
+from .. import jobs, ledger, progress, records
 from ..errors import LauncherError, UserError
 from ..executors import for_record
 from ..pipe_records import find_pipe
@@ -66,8 +67,23 @@ def show_status(ref: str | None) -> None:
     host = f" on {remote['host']}" if (remote := where.remote(r)) else ""
     print(f"job dir:   {r.job_dir}{host}")
     print(f"log:       {where.log_at(r)}")
+    for line in _progress(r):
+        print(line)
     if len(tried) > 1:
         _attempt_table(tried)
+
+
+def _progress(r: records.JobRecord) -> list[str]:
+    """Where the run is, from its log: iterations, losses, speed and ETA; a data prep's shards."""
+    from ..dotted import get
+    from ..lineage import job_config
+    from ..model_math import slurm_seconds
+
+    attempts = progress.parse(jobs.log_text(r))
+    cfg = job_config(r)
+    limit = slurm_seconds(str(get(cfg, "run.time") or "")) if r.executor == "slurm" else None
+    factor = get(cfg, "rerun_state_machine.spiky_loss_factor") or progress.SPIKY_LOSS_FACTOR
+    return progress.status_lines(attempts, get(cfg, "model.seq_length"), limit, factor)
 
 
 def _attempt_table(tried: list[ledger.Attempt]) -> None:
@@ -135,3 +151,38 @@ def show_lineage(ref: str) -> None:
     from ..lineage import print_lineage
 
     print_lineage(jobs.find(ref))
+
+
+def show_plot(ref: str | None, output: str | None) -> None:
+    from ..dotted import get
+    from ..lineage import job_config
+    from ..plot import loss_png
+
+    r = jobs.find(_newest_or(ref))
+    attempts = progress.parse(jobs.log_text(r))
+    if not any(a.iterations for a in attempts):
+        raise UserError(f"{r.id}: its log has no training iteration yet (a {r.stage} job); plot a pretrain or sft "
+                        "job once it has trained")
+    factor = get(job_config(r), "rerun_state_machine.spiky_loss_factor") or progress.SPIKY_LOSS_FACTOR
+    path = output or f"{r.id}-loss.png"
+    loss_png(attempts, path, f"{r.id} ({r.stage} -c {r.config})", factor)
+    print(f"wrote {path}")
+
+
+def show_goodput(ref: str) -> None:
+    """Each run's productive time against its start-ups and lost work, attempt by attempt."""
+    from ..dotted import get
+    from ..goodput import lines
+    from ..lineage import job_config
+
+    pipe = _pipe(ref)
+    found = [jobs.find(step["job"]) for step in pipe["steps"]] if pipe else [jobs.find(ref)]
+    for r in found:
+        runs = ledger.attempts(r)
+        if not runs:
+            print(f"{r.id}: no attempt recorded (not started, or its job dir is not readable from here)")
+            continue
+        logs = progress.parse(jobs.log_text(r))
+        per_node = get(job_config(r), "run.gpus_per_node") or 0
+        for line in lines(r.id, runs, logs, progress.step_seconds(logs), per_node):
+            print(line)
