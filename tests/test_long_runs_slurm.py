@@ -164,6 +164,11 @@ def test_the_time_limit_signal_continues_the_run_byte_identical(slurm, cli, home
     logs = cli("jobs", "logs", job_id, prog="nemotron").out
     assert "ultra3: SIGUSR1 from Slurm: the time limit is near; the stage saves and stops" in logs
     assert "stopped for the time limit: " in logs and "requeueing Slurm job" in logs
+    assert "attempts:  2" in status and "progress:  shards 16 of 16" in status, status  # from a new shell
+    assert "continue  stopped for the time limit with its work saved" in status
+    shown = cli("jobs", "goodput", job_id, prog="nemotron")
+    assert shown.rc == 0 and shown.out.startswith(f"{job_id}: 2 attempt(s), goodput "), shown.out + shown.err
+    assert "attempt   1  continue  productive" in shown.out and "node-h" in shown.out
     continued = time.time() - started
 
     whole_id, whole_dir, _ = submit(cli, corpus, "ci-cpu")

@@ -57,9 +57,10 @@ def test_a_loss_spike_is_flagged_as_megatron_judges_it():
 
 
 def test_a_data_prep_says_its_shards():
-    text = ("progress: 10 docs (5.0% of 200 records), 1.00k tokens, 1.00k tokens/s, 1.0 MB/s, shards 3/16, "
-            "elapsed 0:00:01")
-    assert progress.status_lines(progress.parse(text), None, None) == ["progress:  shards 3 of 16"]
+    text = ("data prep pretrain: 1 dataset(s), 16 shard(s) (13 to write, 3 done); tokenizer ...\n"
+            "progress: 10 docs (5.0% of 200 records), 1.00k tokens, 1.00k tokens/s, 1.0 MB/s, shards 4/13, "
+            "elapsed 0:00:01")  # a second attempt: 3 shards kept from the first, 4 of its 13 written
+    assert progress.status_lines(progress.parse(text), None, None) == ["progress:  shards 7 of 16"]
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(GB\)(.*)")
 SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to (\S+)")
 LOADED = re.compile(r"successfully loaded checkpoint from (\S+) .*at iteration (\d+)")
 VALIDATION = re.compile(r"validation loss at iteration (\d+)(?: on (\w+) set)? \|.*?lm loss value: ([-+0-9.eE]+)")
-SHARDS = re.compile(r"^progress: .*shards (\d+)/(\d+)")
+SHARDS = re.compile(r"^progress: .*shards (\d+)/(\d+)")  # written in this run / to write in it
+SHARD_PLAN = re.compile(r" (\d+) shard\(s\) \((\d+) to write, (\d+) done\)")  # the plan: all, and kept from before
 ATTEMPT = re.compile(rf"^{ATTEMPT_MARK} (\d+): ")
 WARMUP = 3  # each attempt's first iterations compile kernels and autotune: left out of the step time
 SPIKY_LOSS_FACTOR = 10.0  # rerun_state_machine.spiky_loss_factor's default
@@ -60,8 +61,10 @@ def parse(text: str) -> list[Attempt]:
         elif match := VALIDATION.search(line):
             a.validation.append({"iteration": int(match.group(1)), "set": match.group(2) or "validation (in training)",
                                  "lm loss": float(match.group(3))})
-        elif match := SHARDS.match(line):
-            a.shards = (int(match.group(1)), int(match.group(2)))
+        elif match := SHARD_PLAN.search(line):
+            a.shards = (int(match.group(3)), int(match.group(1)))
+        elif (match := SHARDS.match(line)) and a.shards:
+            a.shards = (a.shards[1] - int(match.group(2)) + int(match.group(1)), a.shards[1])
     return attempts
 
 
