@@ -341,7 +341,7 @@ def record_outputs(cfg: dict, seconds: float) -> list[dict]:
             "producer": job.get("id"), "stage": job.get("stage"), "config": job.get("config"),
             "profile": job.get("profile"), "config_digest": job.get("digest"), "sample": cfg.get("sample"),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "created_ts": time.time(),
-            "seconds": round(seconds, 1),
+            "seconds": round(seconds, 1), **({"fork": job["fork"]} if job.get("fork") else {}),
             "inputs": [{**{k: i.get(k) for k in ("name", "key", "path", "producer")},
                         "artifact": _versioned(job["artifacts_root"], i)}
                        for i in job.get("inputs") or [] if i.get("path")],

@@ -65,6 +65,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
                  "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
                  "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
                  "job.profile": profile.name if profile else None, "job.checks": list(stage.checks)})
+    if derive := stage.parts().derive:
+        derive(flat, origin, report)
     tree = unflatten(flat)
     from .interpolations import bound
 

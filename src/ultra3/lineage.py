@@ -29,6 +29,12 @@ def job_config(record: JobRecord) -> dict:
     return config if isinstance(config, dict) else {}
 
 
+def said(fork: dict) -> str:
+    """A forked run's origin (ultra3.fork): its source run, the iteration and the changed keys."""
+    changed = ", ".join(f"{k}={v}" for k, v in fork.get("changed", {}).items()) or "nothing"
+    return f"forked from {fork['from']} at iteration {fork['iteration']}, changed: {changed}"
+
+
 def print_lineage(record: JobRecord, out: TextIO | None = None) -> None:
     out = out or sys.stdout  # the stream of the moment, not the one at import
     job = job_config(record).get("job") or {}
@@ -38,6 +44,8 @@ def print_lineage(record: JobRecord, out: TextIO | None = None) -> None:
         return
     store = Store(job["artifacts_root"], for_record(record).remote(record))
     out.write(f"{record.id}  ({record.stage} -c {record.config})\n")
+    if job.get("fork"):
+        out.write(f"  {said(job['fork'])}\n")
     made = _made_by(store, record.id)
     inputs = (made[0].get("inputs") or []) if made else [i for i in job.get("inputs") or [] if i.get("path")]
     _walk(store, made, inputs, out, "  ", {record.id})

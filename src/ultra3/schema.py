@@ -58,6 +58,7 @@ _MB = megatron_api.container_sections()
 TRAINING: Schema = {
     "run": None,  # the executor's keys (executors.base.Executor.keys), checked by the caller
     "recipe": {"hf_model": str, "hf_revision": str, "pretrained_checkpoint": str, "allow_random_init": bool},
+    "fork": str,  # RUN[@ITERATION]: start from that run's checkpoint (ultra3.fork)
     "mixed_precision": str,
     # Transformer Engine NVFP4 knobs (exported as NVTE_NVFP4_* env vars) and the module paths kept in BF16
     # under NVFP4 (Megatron-Core quant_recipe globs): docs/precision.md

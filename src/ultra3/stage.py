@@ -21,7 +21,7 @@ class Flag:
     """A stage's own option, a spelling of a config key: `--sample 100` is `sample=100`."""
 
     key: str
-    kind: type  # int, or bool for a switch
+    kind: type  # int or str, or bool for a switch
     help: str
 
     @property
@@ -63,6 +63,8 @@ class Parts:
     validate: Callable[[dict[str, Any], Report], None]  # its rules, run on the resolved config after the schema
     cost: Callable[[dict[str, Any], list[dict]], Estimate]  # what the job will take (ultra3.cost), from the config
     # and earlier measured runs
+    derive: Callable[[dict, dict, Any], None] | None = None  # keys set from others before the inputs are resolved
+    # (flat values, their origins, the report)
     settle: Callable[[Any], None] | None = None  # keys derived once the inputs are known (job -> None)
     done: Callable[[Any], str | None] | None = None  # why submitting is not needed, its output up to date (job)
     stop_time: Callable[[dict[str, Any]], tuple[int, str]] | None = None  # the seconds its runtime needs from the

@@ -60,6 +60,8 @@ def _with_shared_options(fn, flags: tuple[Flag, ...] = ()):
 
 
 def _flag_option(flag: Flag):
+    if flag.kind is str:
+        return Optional[str], typer.Option(None, flag.option, metavar="RUN[@N]", help=flag.help)
     if flag.kind is bool:
         return bool, typer.Option(False, flag.option, help=flag.help)
     return Optional[flag.kind], typer.Option(None, flag.option, metavar="N", help=flag.help)
@@ -114,7 +116,8 @@ def _stage_command(stage: Stage):
             options["config"] = word
         # a stage flag is its config key set on the command line, after the overrides
         values = {f.key: options.pop(f.key) for f in stage.flags}
-        given = [f"{key}={str(v).lower()}" for key, v in values.items() if v is not None and v is not False]  # 0 too
+        given = [f"{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in values.items()
+                 if v is not None and v is not False]  # 0 too
         run_stage(stage, _merge_group_options(ctx, options), [*overrides, *given])
 
     command.__doc__ = stage.summary

@@ -14,6 +14,7 @@ from ..compile import changed_keys
 from ..job import Job
 from ..executors import executor
 from ..leaks import masked
+from ..lineage import said
 
 
 def _section(out: TextIO, title: str) -> None:
@@ -49,6 +50,8 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
             why = f"{inp.unless} is set" if inp.unless and job.flat.get(inp.unless) else \
                 f"none yet, optional: {inp.optional_when} is set" if optional(inp, job.config) else "optional, unset"
             out.write(f"{inp.key}: not needed ({why})\n")
+    if fork := job.config["job"].get("fork"):
+        out.write(f"checkpoint.load = {fork['path']} at iteration {fork['iteration']}  ({said(fork)})\n")
     for made in job.config["job"]["produces"]:
         out.write(f"produces {made['name']} ({made['kind']}) at {made['path']}\n")
     if not job.stage.inputs and not job.config["job"]["produces"]:

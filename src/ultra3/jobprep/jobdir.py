@@ -52,6 +52,7 @@ def write_code_dir(job: Job, job_id: str, job_dir: str, code_dir: Path) -> dict:
         "launcher": __version__,
         "packages": {name: _version(name) for name in PACKAGES},
         "git": _git_state(Path(__file__).resolve().parents[3]),
+        **({"fork": job.config["job"]["fork"]} if job.config["job"].get("fork") else {}),
     }
     (code_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from ..stage import Input, Output, Parts, Stage
+from ..stage import Flag, Input, Output, Parts, Stage
 
 CHECKS = ("python_version", "image", "training_packages", "kernels", "gpus", "inputs")
 
 
 def parts() -> Parts:
     from ..cost import training, training_stop
+    from ..fork import derive
     from ..schema import TRAINING
     from ..validation import validate_training
 
-    return Parts(TRAINING, validate_training, training, stop_time=training_stop)
+    return Parts(TRAINING, validate_training, training, derive=derive, stop_time=training_stop)
+
+
+FLAGS = (Flag("fork", str, "Start from another run's checkpoint: RUN (its newest) or RUN@ITERATION, with the "
+                           "KEY=VALUE changes given beside it; optimizer and scheduler state kept."),)
 
 
 PRETRAIN = Stage(
@@ -20,10 +25,13 @@ PRETRAIN = Stage(
     "torchrun", CHECKS, parts,
     inputs=(Input("data", "dataset.blend_path", ("pretrain-data",), unless="dataset.mock"),),
     outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
+    flags=FLAGS,
     examples=(
         "ultra3 pretrain -c tiny --dry-run",
         "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json",
         "ultra3 pretrain -c tiny --run mycluster train.train_iters=20",
+        "ultra3 pretrain --batch mycluster --fork ultra3-pretrain_20261128-101500-abc123@600000 "
+        "scheduler.lr_wsd_decay_iters=194728",
     ),
 )
 
@@ -34,6 +42,7 @@ SFT = Stage(
                   optional_when="recipe.allow_random_init"),
             Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),
     outputs=(Output("sft-checkpoint", "checkpoint.save"),),
+    flags=FLAGS,
     examples=(
         "ultra3 sft -c tiny --dry-run",
         "ultra3 sft --batch mycluster",
