@@ -14,6 +14,7 @@ import time
 
 from . import attempts, contract, preflight
 from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
+from .ft_launcher import RDZV_PORT, ft_launcher_argv
 from .nodes import free_port, preflight_everywhere, run_child
 from .ray_nodes import ray_across_nodes
 
@@ -30,6 +31,8 @@ def load(path: str) -> dict:
 
 def torchrun_argv(cfg: dict, module: str, config: str) -> list[str]:
     run, job = cfg["run"], cfg["job"]
+    if (run.get("fault_tolerance") or {}).get("enabled"):
+        return ft_launcher_argv(cfg, module, config)
     nodes, per_node = int(run.get("nodes") or 1), int(run.get("gpus_per_node") or 1)
     if nodes == per_node == 1:  # one rank: run it directly, so its own exit code and last line are the job's
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
@@ -41,7 +44,7 @@ def torchrun_argv(cfg: dict, module: str, config: str) -> list[str]:
     else:
         head = os.environ.get(HEAD_NODE_VAR) or os.environ.get("MASTER_ADDR", "localhost")
         argv += [f"--nnodes={nodes}", f"--node-rank={os.environ.get('SLURM_NODEID', '0')}",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:29500", f"--rdzv-id={job['id']}"]
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{RDZV_PORT}", f"--rdzv-id={job['id']}"]
     return [*argv, "--module", module, "--config", config]
 
 

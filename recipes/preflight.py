@@ -80,6 +80,8 @@ def _error(e: Exception) -> str:
 def training_packages(cfg: dict) -> str | None:
     # mamba_ssm: Megatron-Core's Mamba layers need it whole (its package imports its selective-scan extension)
     modules = ("megatron.bridge", "transformer_engine", "mamba_ssm")
+    if ((cfg.get("run") or {}).get("fault_tolerance") or {}).get("enabled"):  # ranks under ft_launcher
+        modules += ("nvidia_resiliency_ext.fault_tolerance",)
     missing = [f"{m} ({err})" for m in modules if (err := _importable(m))]
     if missing:
         return (f"not importable: {', '.join(missing)}; run inside the training container "

@@ -137,6 +137,10 @@ def train(stage: str, path: str) -> None:
     for line in apply_precision(container, cfg):
         print(f"ultra3: {line}", flush=True)
     prebuilt_dataset_helpers()
+    if (cfg["run"].get("fault_tolerance") or {}).get("enabled"):  # the ranks run under ft_launcher
+        container.ft.enable_ft_package = True
+        if (cfg.get("ft") or {}).get("calc_ft_timeouts") is None:  # learned, kept in <checkpoint.save>/ft_state.json
+            container.ft.calc_ft_timeouts = True
     if cfg["job"].get("grace_s"):  # Slurm signals before the time limit: save at the step's end and stop
         container.train.exit_signal_handler = True
         container.train.exit_signal = getattr(signal, CONTINUE_SIGNAL)

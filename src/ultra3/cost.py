@@ -103,17 +103,25 @@ def training(config: dict, measured: list[dict]) -> Estimate:
     return Estimate(stage, gpu_s / gpus / 3600, gpu_s / 3600, None, basis)
 
 
-def training_stop(config: dict) -> tuple[int, str]:
-    """Seconds from the time-limit signal to a saved exit: one step (the throughput model's) + one save + the exit."""
+def step_and_save(config: dict) -> tuple[float | None, float | None, int | None, str]:
+    """(seconds of one step by the throughput model, of one synchronous save, the checkpoint's bytes, why a step is
+    unknown); None where unknown."""
     iters = pos_int(get(config, "train.train_iters"))
     step = training(config, [])
     step_s = step.wall_hours * 3600 / iters if step.wall_hours and iters else None
     params, _ = _quantize_params(config)
     nodes = pos_int(get(config, "run.nodes")) or 1
-    save_s = params[0] * SAVE_BYTES_PER_PARAM / (nodes * IO_BYTES_PER_S_PER_NODE) if params else None
+    size = params[0] * SAVE_BYTES_PER_PARAM if params else None
+    return step_s, size / (nodes * IO_BYTES_PER_S_PER_NODE) if size else None, size, step.unknown
+
+
+def training_stop(config: dict) -> tuple[int, str]:
+    """Seconds from the time-limit signal to a saved exit: one step (the throughput model's) + one save + the exit."""
+    step_s, save_s, size, unknown = step_and_save(config)
+    nodes = pos_int(get(config, "run.nodes")) or 1
     need = (step_s or 0) + (save_s or 0) + STOP_MARGIN_S
-    said = [f"one step {step_s:.0f} s" if step_s else f"one step (unknown: {step.unknown})",
-            f"one save {save_s:.0f} s ({_bytes(params[0] * SAVE_BYTES_PER_PARAM)} at {IO_BYTES_PER_S_PER_NODE / 1e9:g} "
+    said = [f"one step {step_s:.0f} s" if step_s else f"one step (unknown: {unknown})",
+            f"one save {save_s:.0f} s ({_bytes(size)} at {IO_BYTES_PER_S_PER_NODE / 1e9:g} "
             f"GB/s per node x {nodes}, assumed)" if save_s is not None else "one save (unknown model size)",
             f"{STOP_MARGIN_S} s to exit"]
     floor = f", at least {STOP_FLOOR_S} s" if need < STOP_FLOOR_S else ""

@@ -27,6 +27,10 @@ NODE_KEYS: Schema = {
     "gpus_per_node": Count(0),
     "setup": list[str],
     "images": IMAGES,  # per image kind, the pins a profile overrides
+    # torchrun stages: their ranks under nvidia-resiliency-ext's ft_launcher (validation/fault_tolerance.py)
+    "fault_tolerance": {"enabled": bool, "max_restarts": Count(0), "setup_timeout_s": Count(1),
+                        "step_timeout_s": Count(1), "checkpointing_timeout_s": Count(1),
+                        "out_of_section_timeout_s": Count(1)},
 }
 
 

@@ -13,6 +13,7 @@ collect every finding (none stops at the first) and add derived facts and printa
 * schedule     token budget, warmup/decay in iterations and tokens, LR schedule sanity
 * memory       parameter counts and a per-GPU memory estimate against the GPU's HBM
 * long_run     on Slurm: the time-limit signal, allocations, checkpoints, work lost per failure, Young/Daly
+* fault_tolerance  ft_launcher and the FT package, in-process restart, async save, the straggler detectors
 
 Then our model keys are checked against a local HF config.json when `recipe.hf_model` names one.
 
@@ -24,9 +25,11 @@ from __future__ import annotations
 from ultra3.findings import Report
 from ultra3.training_inputs import check_hf_config
 
-from . import batch, cluster, long_run, memory, parallelism, precision, schedule, sequence, topology, values
+from . import (batch, cluster, fault_tolerance, long_run, memory, parallelism, precision, schedule, sequence, topology,
+               values)
 
-RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, memory, long_run)
+RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, memory, long_run,
+         fault_tolerance)
 
 __all__ = ["RULES", "validate_training"]
 

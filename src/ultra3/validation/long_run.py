@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ultra3.cost import IO_BYTES_PER_S_PER_NODE, SAVE_BYTES_PER_PARAM, _bytes, _quantize_params, training, training_stop
+from ultra3.cost import _bytes, step_and_save, training, training_stop
 from ultra3.dotted import get
 
 from ..model_math import pos_int, slurm_seconds
@@ -61,9 +61,8 @@ def _plan(cfg: dict, limit: int, grace: int, stop_basis: str, saves: bool) -> li
     nodes = pos_int(get(cfg, "run.nodes")) or 1
     gpus = nodes * (pos_int(get(cfg, "run.gpus_per_node")) or 1)
     step_s = estimate.wall_hours * 3600 / iters
-    params, _ = _quantize_params(cfg)
-    size = params[0] * SAVE_BYTES_PER_PARAM if params else None
-    save_s = size / (nodes * IO_BYTES_PER_S_PER_NODE) if size else 0.0
+    _, save_s, size, _ = step_and_save(cfg)
+    save_s = save_s or 0.0
     startup = STARTUP_S + save_s
     useful = limit - startup - grace
     if useful <= 0:
