@@ -215,9 +215,14 @@ def _grace(job: Job) -> int | None:
     """Seconds before a Slurm job's time limit that its stage is signalled to save and stop (run.grace_s, else the
     stage's stop time); None where nothing signals it: another executor, a stage that cannot stop early, 0."""
     stop_time = job.stage.parts().stop_time
-    if "grace_s" not in executors.executor(job.executor).keys or not stop_time:
-        return None
     grace = job.config["run"].get("grace_s")
+    if "grace_s" not in executors.executor(job.executor).keys:
+        return None
+    if not stop_time:
+        if grace:
+            job.report.warn("run.grace_s", f"{job.stage.name} cannot stop early and go on in a later allocation, so "
+                                           "no signal is sent; give it the time it needs (run.time)")
+        return None
     return (stop_time(job.config)[0] if grace is None else grace) or None
 
 
