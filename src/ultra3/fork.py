@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .config import flatten
 from .dotted import get
 from .errors import ClusterError, UserError
 from .executors import for_record
@@ -62,7 +63,7 @@ def derive(flat: dict[str, Any], origin: dict[str, str], report) -> None:
     said = f"fork {ref} ({where})"
     flat.update({"checkpoint.load": save, "checkpoint.ckpt_step": iteration})
     origin.update({"checkpoint.load": said, "checkpoint.ckpt_step": said})
-    changed = {k: v for k, v in flat.items() if not k.startswith(SAME) and _flat(config).get(k, object()) != v}
+    changed = {k: v for k, v in flat.items() if not k.startswith(SAME) and flatten(config).get(k, object()) != v}
     if any(k.startswith(SCHEDULE) for k in changed):
         # Megatron-Core's scheduler takes its values from the checkpoint unless told to override them
         for key, value in (("scheduler.override_opt_param_scheduler", True),
@@ -81,16 +82,6 @@ def iterations(save: str, ssh: dict | None) -> list[int]:
         return []
     return sorted(int(m.group(1)) for line in out.splitlines()
                   if (m := ITERATION_DIR.fullmatch(line.rstrip("/").rsplit("/", 1)[-1])))
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _plain(value: Any) -> Any:
