@@ -63,6 +63,31 @@ def ledger_entries(text: str) -> list[dict]:
             entries.append(entry)
     return entries
 
+
+# -- a training stage's ranks under nvidia-resiliency-ext's ft_launcher (run.fault_tolerance) ------------
+FT_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"  # the ft_launcher script's module, run with -m
+RDZV_PORT = 29500  # the c10d rendezvous on the first node, torchrun's and ft_launcher's
+FT_SECTIONS = ("setup", "step", "checkpointing")  # Megatron-Bridge's FT sections: run.fault_tolerance.<name>_timeout_s
+
+
+def ft_launcher_argv(run: dict, python: str, head: str, rdzv_id: str, module: str, config: str) -> list[str]:
+    """ft_launcher in place of torchrun, one per node (the dry run shows this line): every rank restarted in the job
+    (--max-restarts) when one dies or overstays a Megatron-Bridge FT section or the time between them. No heartbeat
+    timeouts: Megatron-Bridge 0.6 sends no heartbeats, so nvidia-resiliency-ext 0.6 would end healthy ranks."""
+    ft = run["fault_tolerance"]
+    nodes, per_node = int(run.get("nodes") or 1), int(run.get("gpus_per_node") or 1)
+    sections = ",".join(f"{name}:{ft[f'{name}_timeout_s']}" for name in FT_SECTIONS)
+    argv = [python, "-m", FT_LAUNCHER, f"--nproc-per-node={per_node}", f"--max-restarts={ft['max_restarts']}",
+            f"--ft-rank-section-timeouts={sections}",
+            f"--ft-rank-out-of-section-timeout={ft['out_of_section_timeout_s']}"]
+    if nodes == 1:
+        argv.append("--standalone")
+    else:
+        argv += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{RDZV_PORT}",
+                 f"--rdzv-id={rdzv_id}"]
+    return [*argv, "--module", module, "--config", config]
+
+
 # -- rules both sides apply ----------------------------------------------------------------------
 NVFP4_CAPABILITIES = ((10, 0), (10, 3))  # Transformer Engine trains NVFP4 on SM 10.0 / 10.3 only
 HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")  # a data prep's hub tokenizer: org/name[@revision]

@@ -13,8 +13,7 @@ import sys
 import time
 
 from . import attempts, contract, preflight
-from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
-from .ft_launcher import RDZV_PORT, ft_launcher_argv
+from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK, RDZV_PORT
 from .nodes import free_port, preflight_everywhere, run_child
 from .ray_nodes import ray_across_nodes
 
@@ -31,8 +30,8 @@ def load(path: str) -> dict:
 
 def torchrun_argv(cfg: dict, module: str, config: str) -> list[str]:
     run, job = cfg["run"], cfg["job"]
-    if (run.get("fault_tolerance") or {}).get("enabled"):
-        return ft_launcher_argv(cfg, module, config)
+    if (run.get("fault_tolerance") or {}).get("enabled"):  # ft_launcher, one rank too (recipes/ft_launcher.py)
+        return [sys.executable, "-m", "recipes.ft_launcher", "--module", module, "--config", config]
     nodes, per_node = int(run.get("nodes") or 1), int(run.get("gpus_per_node") or 1)
     if nodes == per_node == 1:  # one rank: run it directly, so its own exit code and last line are the job's
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",

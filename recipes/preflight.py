@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 
-from .contract import IMAGE_ID, NVFP4_CAPABILITIES, PREFLIGHT_MARK, trains_nvfp4
+from .contract import FT_LAUNCHER, IMAGE_ID, NVFP4_CAPABILITIES, PREFLIGHT_MARK, trains_nvfp4
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -81,7 +81,7 @@ def training_packages(cfg: dict) -> str | None:
     # mamba_ssm: Megatron-Core's Mamba layers need it whole (its package imports its selective-scan extension)
     modules = ("megatron.bridge", "transformer_engine", "mamba_ssm")
     if ((cfg.get("run") or {}).get("fault_tolerance") or {}).get("enabled"):  # ranks under ft_launcher
-        modules += ("nvidia_resiliency_ext.fault_tolerance",)
+        modules += (FT_LAUNCHER,)
     missing = [f"{m} ({err})" for m in modules if (err := _importable(m))]
     if missing:
         return (f"not importable: {', '.join(missing)}; run inside the training container "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract import pad_seq_to_mult
+from .resilience import ft_values
 
 ULTRA = "megatron.bridge.recipes.nemotronh.h100.nemotron_3_ultra"
 RECIPES = {"pretrain": f"{ULTRA}.nemotron_3_ultra_pretrain_24gpu_h100_bf16_config",
@@ -141,6 +142,7 @@ def derived(cfg: dict, values: dict[str, Any]) -> dict[str, Any]:
         out.update({k: v for k, v in (("checkpoint.load", None), ("checkpoint.async_save", False)) if k not in values})
     if stage == "sft":
         out["checkpoint.pretrained_checkpoint"] = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
+    out.update(ft_values(cfg, values))  # run.fault_tolerance: the ranks run under ft_launcher
     if values.get("logger.wandb_project"):
         out.setdefault("logger.wandb_exp_name", values.get("logger.wandb_exp_name") or job.get("id"))
         out.setdefault("logger.wandb_save_dir", values.get("logger.wandb_save_dir") or f"{job['dir']}/wandb")

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from ..contract import CONTINUE_EXIT, CONTINUE_SIGNAL, INPUT_ERROR_EXIT
+from ..ft_launcher import rank_exit
 from .hf_config import hf_config
 from .plan import (
     BLEND_HELPER,
@@ -34,6 +35,7 @@ from .plan import (
     TrainingInputError,
     make_plan,
 )
+from .resilience import sections_to_make
 
 
 def resolve(dotted: str) -> Any:
@@ -72,6 +74,9 @@ def build_container(plan: Plan, cfg: dict):
     if plan.blend_path:
         blend, per_split, split = resolve(BLEND_HELPER)(per_split_data_args_path=plan.blend_path)
         container.dataset.blend, container.dataset.blend_per_split, container.dataset.split = blend, per_split, split
+    for section, target in sections_to_make(plan.overrides).items():  # None in the recipe: no key can be set
+        if getattr(container, section) is None:
+            setattr(container, section, construct(Build(target)))
     resolve(OVERRIDE_HELPER)(container, cli_overrides=plan.overrides)
     return container
 
@@ -106,11 +111,12 @@ def main(stage: str) -> None:
     args = parser.parse_args()
     from .precision import PrecisionError
 
-    try:
-        train(stage, args.config)
-    except (TrainingInputError, PrecisionError) as e:
-        print(f"ultra3 {stage}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
-        raise SystemExit(INPUT_ERROR_EXIT) from None
+    with rank_exit():  # under ft_launcher: an exit no in-job restart may repeat is kept for the launcher
+        try:
+            train(stage, args.config)
+        except (TrainingInputError, PrecisionError) as e:
+            print(f"ultra3 {stage}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+            raise SystemExit(INPUT_ERROR_EXIT) from None
 
 
 def prebuilt_dataset_helpers() -> None:
@@ -137,10 +143,6 @@ def train(stage: str, path: str) -> None:
     for line in apply_precision(container, cfg):
         print(f"ultra3: {line}", flush=True)
     prebuilt_dataset_helpers()
-    if (cfg["run"].get("fault_tolerance") or {}).get("enabled"):  # the ranks run under ft_launcher
-        container.ft.enable_ft_package = True
-        if (cfg.get("ft") or {}).get("calc_ft_timeouts") is None:  # learned, kept in <checkpoint.save>/ft_state.json
-            container.ft.calc_ft_timeouts = True
     if cfg["job"].get("grace_s"):  # Slurm signals before the time limit: save at the step's end and stop
         container.train.exit_signal_handler = True
         container.train.exit_signal = getattr(signal, CONTINUE_SIGNAL)

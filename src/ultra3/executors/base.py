@@ -27,11 +27,23 @@ NODE_KEYS: Schema = {
     "gpus_per_node": Count(0),
     "setup": list[str],
     "images": IMAGES,  # per image kind, the pins a profile overrides
-    # torchrun stages: their ranks under nvidia-resiliency-ext's ft_launcher (validation/fault_tolerance.py)
+    # training stages: their ranks under nvidia-resiliency-ext's ft_launcher (validation/fault_tolerance.py)
     "fault_tolerance": {"enabled": bool, "max_restarts": Count(0), "setup_timeout_s": Count(1),
                         "step_timeout_s": Count(1), "checkpointing_timeout_s": Count(1),
                         "out_of_section_timeout_s": Count(1)},
 }
+
+
+FT_RECIPES = ("pretrain", "sft")  # the runtimes whose Megatron-Bridge training loop ft_launcher times
+
+
+def check_fault_tolerance(stage: Stage, run: dict[str, Any], report: Report) -> None:
+    """run.fault_tolerance is Megatron-Bridge training's: another stage's ranks would run under ft_launcher with
+    nothing timed."""
+    if (run.get("fault_tolerance") or {}).get("enabled") and stage.recipe not in FT_RECIPES:
+        report.error("run.fault_tolerance.enabled", f"{stage.name} is not Megatron-Bridge training (pretrain, sft), "
+                                                    "whose ranks ft_launcher watches; remove it",
+                     ("run.fault_tolerance.enabled",))
 
 
 class Executor(ABC):

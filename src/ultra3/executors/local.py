@@ -16,7 +16,7 @@ from ..findings import skipped
 from ..jobprep.jobdir import write_code_dir
 from ..jobprep.plan import local_command, task_name
 from ..records import JobRecord, State
-from .base import NODE_KEYS, Executor, home_artifacts, home_job_dir, local_files, read_from
+from .base import NODE_KEYS, Executor, check_fault_tolerance, home_artifacts, home_job_dir, local_files, read_from
 
 if TYPE_CHECKING:
     from ..job import Job
@@ -43,6 +43,7 @@ class Local(Executor):
     handle_types = {"pid": int | None, "started": str | None}
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
+        check_fault_tolerance(stage, run, report)
         nodes = run.get("nodes") or 1
         if nodes > 1:
             report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "

@@ -13,7 +13,7 @@ from ..jobprep.plan import slurm_spec
 from ..paths import nemorun_home
 from ..records import JobRecord, State
 from . import slurm_state
-from .base import NODE_KEYS, Executor, local_files, profile_at, read_from
+from .base import NODE_KEYS, Executor, check_fault_tolerance, local_files, profile_at, read_from
 from ..ssh import TIMEOUT_VAR, run, scheduler_timeout
 from .nemo_run_slurm import experiment, experiment_dir, first_error, nemorun_base, ssh_settings
 from .sbatch import render_sbatch
@@ -59,6 +59,7 @@ class Slurm(Executor):
     handle_types = {"slurm_id": str | None, "ssh": dict[str, str | int | None] | None}
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
+        check_fault_tolerance(stage, run, report)
         if not run.get("account"):
             report.error("run.account", f"the slurm executor needs an account; set account in {profile_at(profile)} "
                                         "or run.account=NAME")
