@@ -183,7 +183,8 @@ def test_launch_without_declared_outputs_publishes_and_writes_nothing(data_prep_
     p = launch(code_dir(tmp_path, DATA_PREP, **settings))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "published" not in p.stdout
-    assert sorted(os.listdir(tmp_path / "job")) == ["code"]
+    # the ledger of its one attempt and the finished marker (recipes/attempts.py): no artifact record
+    assert sorted(os.listdir(tmp_path / "job")) == [contract.ATTEMPTS_FILE, "code", contract.FINISHED_FILE]
 
 
 SLEEPER = '''import signal, sys, time
