@@ -53,8 +53,10 @@ Output (under output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done; 2 a config or input problem (one line on stderr, and nothing written when it is found
 before any shard: missing inputs, an unreadable tokenizer, an empty corpus), a bad record under strict, or a
-full disk (one line; the shards finished are kept, the files under temporary names removed); 1 no workers
-(one line: Ray unreachable, a worker killed), or anything else (with its traceback); 143 on SIGTERM.
+full disk (one line; the shards finished are kept, the files under temporary names removed); 75 stopped by
+the time-limit signal (SIGUSR1; one line: the shards finished are kept for the next allocation, no blend.json;
+recipes/dataprep/stop.py); 1 no workers (one line: Ray unreachable, a worker killed), no shard finished in an
+allocation that the time-limit signal ended (one line), or anything else (with its traceback); 143 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .dataprep import bad_records, blend, encoders, inputs, lock, progress, shards
+from .dataprep import bad_records, blend, encoders, inputs, lock, progress, shards, stop
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster, local_cpus
 from .dataprep.errors import DataPrepError
@@ -125,7 +127,11 @@ def scan_sources(settings: Settings, files: dict, cache: dict, cluster: Cluster)
     size = sum(os.path.getsize(path) for _, path, _, _ in jobs)
     args = [(path, fmt, field, cache.get((inputs.shown(path), field))) for _, path, fmt, field in jobs]
     if not cluster.address or size <= SCAN_LOCAL_BYTES or len(jobs) == 1:  # one machine: no more CPUs
-        entries = [inputs.scan(*a) for a in args]
+        entries = []
+        for a in args:
+            if stop.requested():  # the time-limit signal: counting a large corpus may take a while
+                raise stop.TimeLimit
+            entries.append(inputs.scan(*a))
     else:
         cluster.start()
         entries = cluster.run_ordered(inputs.scan, args, cluster.cpus, settings.progress_interval, "count inputs",
@@ -345,7 +351,16 @@ def run(config_path: str) -> int:
                         os.unlink(os.path.join(out, name))
                 for t in todo:
                     shards.invalidate(t)
-                written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
+                stop.working(stop.Work("shards", len(tasks), len(receipts),
+                                       lambda: sum(shards.read_receipt(t) is not None for t in tasks),
+                                       "give each allocation more time (run.time), or make the shards smaller (a "
+                                       "larger num_shards)"))
+                try:
+                    written = run_shards(settings, todo, tok, tok_json, cluster, sum(t.records for t in todo), encoder)
+                except stop.TimeLimit:
+                    if not stop.all_done():
+                        raise
+                    written = {t.key: shards.read_receipt(t) for t in todo}
                 tokens_written = sum(r["tokens"] for r in written.values())
                 receipts.update(written)
                 phases.mark("shards")

@@ -46,7 +46,9 @@ Output (output_dir, or output_dir/sample-N):
 Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
 written: a missing blend or source, a blend no longer than val_rows, an output_dir holding something else),
 or a bad row under strict (`FILE:LINE: what is wrong; the fix`), or a full disk (one line); 1 the workers could
-not be started or reached (one line), or anything else (with its traceback); 143 on SIGTERM (the blends finished
+not be started or reached (one line), no blend finished in an allocation that the time-limit signal ended (one
+line), or anything else (with its traceback); 75 stopped by the time-limit signal (SIGUSR1; one line; the
+blends finished are kept for the next allocation: recipes/dataprep/stop.py); 143 on SIGTERM (the blends finished
 so far are kept, in output_dir/.staging-rl, for the next run to resume from).
 """
 
@@ -59,7 +61,7 @@ import shutil
 import sys
 import time
 
-from .dataprep import bad_records, hub, inputs, lock
+from .dataprep import bad_records, hub, inputs, lock, stop
 from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
 from .dataprep.files import fsync_dir, write_json
@@ -255,7 +257,9 @@ def run(config_path: str) -> int:
     fp = fingerprint(tasks)
     out = settings.out
     staging = os.path.join(out, STAGING)
-    if not prepare_output(settings, fp, FORMAT, () if os.path.isdir(staging) else tuple(settings.blends), PROG):
+    # a forced run stopped short (the time-limit signal) goes on in the next allocation, not forced again
+    if not prepare_output(settings, fp, FORMAT, () if os.path.isdir(staging) else tuple(settings.blends), PROG) \
+            and not os.path.isdir(staging):
         print(f"{PROG}: {out} is up to date (same inputs and settings); force=true redoes it", flush=True)
         return 0
     if settings.force:
@@ -267,6 +271,9 @@ def run(config_path: str) -> int:
           f"{' @ ' + prov['source']['revision'] if prov['source']['revision'] else ''}: {len(todo)} to prepare, "
           f"{len(tasks) - len(todo)} kept from an interrupted run; placeholder sources: {given}; output {out}",
           flush=True)
+    stop.working(stop.Work("blends", len(tasks), len(tasks) - len(todo),
+                           lambda: sum(finished(t) is not None for t in tasks),
+                           "give each allocation more time (run.time): a blend is one task"))
     with lock.holding(out, settings.job):  # one writer; the directories made for it go again if left empty
         prepare(settings, todo, receipts, staging)
         metadata = build_metadata(settings, fp, tasks, prov, receipts)
@@ -285,8 +292,14 @@ def prepare(settings: Settings, todo: list, receipts: dict, staging: str) -> Non
                 workers = min(settings.workers or cluster.cpus, len(todo))
                 print(f"{PROG}: {cluster.where()}, {cluster.cpus} CPUs, {workers} blend task(s) at a time",
                       flush=True)
-                done = cluster.run_ordered(prepare_blend, [(t,) for t in todo], workers, settings.progress_interval,
-                                           "blends", lambda rs: f"{sum(r['rows_in'] for r in rs if r):,} rows")
+                try:
+                    done = cluster.run_ordered(prepare_blend, [(t,) for t in todo], workers,
+                                               settings.progress_interval, "blends",
+                                               lambda rs: f"{sum(r['rows_in'] for r in rs if r):,} rows")
+                except stop.TimeLimit:
+                    if not stop.all_done():
+                        raise
+                    done = [finished(t) for t in todo]
                 receipts.update({t.name: r for t, r in zip(todo, done)})
     except DataPrepError:
         shutil.rmtree(staging, ignore_errors=True)

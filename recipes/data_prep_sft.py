@@ -51,8 +51,11 @@ Output (output_dir, or output_dir/sample-N):
 
 Exit codes: 0 done (or already up to date); 2 a config or input problem (one line on stderr; nothing is
 written: missing inputs, an unreadable tokenizer or template, an empty corpus, an output_dir holding
-something else), a bad record under strict, or a full disk (one line); 1 the workers could not be started or
-reached (one line), or anything else (with its traceback); 143 on SIGTERM.
+something else), a bad record under strict, or a full disk (one line); 75 stopped by the time-limit signal
+(SIGUSR1; one line: the partitions tokenized and the shards written are kept, in output_dir/.staging-<fingerprint>,
+for the next allocation: recipes/dataprep/stop.py); 1 the workers could not be started or reached (one line), no
+task finished in an allocation that the time-limit signal ended (one line), or anything else (with its
+traceback); 143 on SIGTERM (what is finished is kept in the staging dir too).
 """
 
 from __future__ import annotations
@@ -63,17 +66,17 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .dataprep import bad_records, chat, conversations, inputs, lock
+from .dataprep import bad_records, chat, conversations, inputs, lock, stop
 from .dataprep import packed_parquet as pp
 from .dataprep import sft_output as out_
 from .dataprep import tokenizer as tokenization
 from .dataprep.cluster import Cluster
 from .dataprep.errors import DataPrepError
+from .dataprep.files import write_json
 from .dataprep.sft_metadata import Packed, bridge_metadata, build_metadata
 from .dataprep.sft_outdir import FORMAT, STAGING, prepare_output, publish
 from .dataprep.sft_report import split_stats, summary
@@ -189,51 +192,76 @@ def gather(settings: Settings, parts: list, results: list):
     return corpus, per_dataset, bad_total
 
 
-def make_staging(out: str) -> str:
-    """A new staging directory in `out`, with its parts/ folder; interrupted runs' staging goes first."""
+def make_staging(out: str, fp: str, force: bool) -> str:
+    """The staging directory of this run's inputs and settings in `out`, with its parts/ folder: kept from an
+    earlier run of them stopped short (the time-limit signal) unless `force`; others' staging goes."""
+    staging = os.path.join(out, f"{STAGING}{fp[:16]}")
     for name in os.listdir(out):
-        if name.startswith(STAGING):
+        if name.startswith(STAGING) and (force or os.path.join(out, name) != staging):
             shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-    staging = os.path.join(out, f"{STAGING}{uuid.uuid4().hex[:12]}")
-    os.makedirs(os.path.join(staging, "parts"))
+    os.makedirs(os.path.join(staging, "parts"), exist_ok=True)
     return staging
+
+
+def partitions(settings: Settings, sources: dict, workers: int, staging: str) -> list:
+    """The partitions (plan_partitions), the same in every run of this staging dir: its partitions.json."""
+    path = os.path.join(staging, "partitions.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [conversations.Partition(**{**p, "pieces": [conversations.Piece(**c) for c in p["pieces"]]})
+                    for p in json.load(f)]
+    except (OSError, ValueError, KeyError, TypeError):
+        parts = plan_partitions(settings, sources, workers)
+        write_json(path, [asdict(p) for p in parts])
+        return parts
 
 
 def tokenize(settings: Settings, cluster: Cluster, workers: int, parts: list, staging: str, tok_json: str,
              template: Template) -> list:
-    """Render, tokenize and mask each partition into its part files in staging/parts: their results, in order."""
+    """Render, tokenize and mask each partition into its part files in staging/parts (those an earlier run
+    finished kept): their results, in order."""
+    folder = os.path.join(staging, "parts")
+    results = [conversations.kept(p, folder) for p in parts]
+    todo = [p for p, r in zip(parts, results) if r is None]
+    stop.working(stop.Work("partitions", len(parts), len(parts) - len(todo),
+                           lambda: sum(conversations.kept(p, folder, arrays=False) is not None for p in parts),
+                           "give each allocation more time (run.time)", ", then the packed shards"))
+    if len(todo) < len(parts):
+        print(f"tokenize: {len(parts) - len(todo)} of {len(parts)} partition(s) kept from an earlier run", flush=True)
     tok_ref, tpl_ref = cluster.put(tok_json), cluster.put(template.text)
-    return cluster.run_ordered(
+    done = iter(cluster.run_ordered(
         conversations.tokenize_partition,
-        [(p, os.path.join(staging, "parts"), tok_ref, tpl_ref, template.compiled.name, settings.strict)
-         for p in parts],
+        [(p, folder, tok_ref, tpl_ref, template.compiled.name, settings.strict) for p in todo],
         workers, settings.progress_interval, "tokenize",
         lambda rs: f"{sum(len(r['lengths']) for r in rs if r):,} conversations, "
-                   f"{sum(int(r['lengths'].sum()) for r in rs if r):,} tokens")
+                   f"{sum(int(r['lengths'].sum()) for r in rs if r):,} tokens"))
+    return [r if r is not None else next(done) for r in results]
 
 
-def shard_tasks(plan: out_.SplitPlan, corpus: out_.Corpus, folder: str, part_paths: dict, pad_id: int,
-                row_group: int) -> list:
-    """The write_shard arguments of each shard of a split's plan, into `folder` (made here; none if no pack)."""
+def shard_tasks(plan: out_.SplitPlan, corpus: out_.Corpus, folder: str, receipts: str, part_paths: dict,
+                pad_id: int, row_group: int) -> list:
+    """The write_shard arguments of each shard of a split's plan, into `folder` (made here; none if no pack), their
+    receipts in `receipts`."""
     if not plan.packs:
         return []
-    os.makedirs(folder)
+    os.makedirs(folder, exist_ok=True)
     tasks = []
     for k in range(plan.shards):
         r0, r1 = plan.shard_rows[k], plan.shard_rows[k + 1]
         s0, s1 = plan.row_offsets[r0], plan.row_offsets[r1]
         seq = plan.seq[s0:s1]
-        tasks.append((os.path.join(folder, out_.SHARD_NAME.format(k)), corpus.part[seq], corpus.offset[seq],
+        name = out_.SHARD_NAME.format(k)
+        tasks.append((os.path.join(folder, name), corpus.part[seq], corpus.offset[seq],
                       plan.stored[s0:s1], plan.padded[s0:s1], plan.row_offsets[r0:r1 + 1] - s0, part_paths, pad_id,
-                      row_group))
+                      row_group, os.path.join(receipts, f"{plan.name}-{name}.json")))
     return tasks
 
 
 def write_splits(settings: Settings, cluster: Cluster, workers: int, packed: Packed, part_paths: dict,
                  pad_id: int) -> tuple[dict, float]:
-    """Pack each split and write its shards into staging (valid and test shards as long as train's): each
-    split's statistics and the seconds spent packing."""
-    stats, rows_per_shard, seconds = {}, None, 0.0
+    """Pack each split (valid and test shards as long as train's), then write the shards of all three into
+    staging (those an earlier run wrote kept): each split's statistics and the seconds spent packing."""
+    plans, rows_per_shard, seconds = [], None, 0.0
     for s, name in enumerate(out_.SPLITS):
         idx = np.flatnonzero(packed.split == s)
         members = np.repeat(idx, packed.copies[idx])
@@ -243,28 +271,50 @@ def write_splits(settings: Settings, cluster: Cluster, workers: int, packed: Pac
         seconds += time.time() - t0
         if s == 0 and plan.packs:
             rows_per_shard = -(-plan.packs // plan.shards)
-        tasks = shard_tasks(plan, packed.corpus, os.path.join(packed.staging, name), part_paths, pad_id,
-                            packed.row_group)
-        rows = cluster.run_ordered(out_.write_shard, tasks, workers, settings.progress_interval, f"write {name}",
-                                   lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs") if tasks else []
-        stats[name] = split_stats(plan, packed.corpus, settings.pack_size, rows)
+        plans.append(plan)
+    receipts = os.path.join(packed.staging, "written")
+    os.makedirs(receipts, exist_ok=True)
+    tasks = [shard_tasks(plan, packed.corpus, os.path.join(packed.staging, plan.name), receipts, part_paths, pad_id,
+                         packed.row_group) for plan in plans]
+    every = [t for split in tasks for t in split]
+    rows = [out_.kept_shard(t[0], t[-1]) for t in every]
+    todo = [t for t, r in zip(every, rows) if r is None]
+    stop.working(stop.Work("shards", len(every), len(every) - len(todo),
+                           lambda: sum(out_.kept_shard(t[0], t[-1]) is not None for t in every),
+                           "give each allocation more time (run.time), or make the shards smaller (a larger "
+                           "num_shards)"))
+    if len(todo) < len(every):
+        print(f"write: {len(every) - len(todo)} of {len(every)} shard(s) kept from an earlier run", flush=True)
+    try:
+        done = cluster.run_ordered(out_.write_shard, todo, workers, settings.progress_interval, "write",
+                                   lambda rs: f"{sum(r['rows'] for r in rs if r):,} packs") if todo else []
+    except stop.TimeLimit:
+        if not stop.all_done():
+            raise
+        done = [out_.kept_shard(t[0], t[-1]) for t in todo]
+    done = iter(done)
+    rows = [r if r is not None else next(done) for r in rows]
+    stats, first = {}, 0
+    for plan, split in zip(plans, tasks):
+        stats[plan.name] = split_stats(plan, packed.corpus, settings.pack_size, rows[first:first + len(split)])
+        first += len(split)
     return stats, seconds
 
 
 def pack(settings: Settings, cluster: Cluster, sources: dict, tok: tokenization.TokenizerInfo, tok_json: str,
-         template: Template) -> Packed:
+         template: Template, staging: str) -> Packed:
     """Tokenize the inputs, split, weigh and limit the conversations, and pack and write the splits, all into
-    a staging directory of output_dir, which goes again if this fails."""
+    the staging directory, which goes again if an input problem stops the run (else the next run goes on from
+    what it holds)."""
     cluster.start(conversations.__name__)
     workers = settings.workers or cluster.cpus
-    parts = plan_partitions(settings, sources, workers)
+    parts = partitions(settings, sources, workers, staging)
     records = sum(p.records for p in parts)
     print(f"{PROG}: {len(settings.datasets)} dataset(s), {records:,} records in {len(parts)} partition(s); "
           f"{cluster.where()}, {cluster.cpus} CPUs, {workers} task(s) at a time; tokenizer {tok.source} "
           f"(vocab {tok.vocab_size:,}, pad {tok.eod_token!r}={tok.eod_id}); template {template.compiled.name}; "
           f"pack {settings.pack_size:,}, pad_seq_to_mult {settings.pad_seq_to_mult}; output {settings.out}",
           flush=True)
-    staging = make_staging(settings.out)
     try:
         results = tokenize(settings, cluster, workers, parts, staging, tok_json, template)
         corpus, per_dataset, bad = gather(settings, parts, results)
@@ -278,7 +328,7 @@ def pack(settings: Settings, cluster: Cluster, sources: dict, tok: tokenization.
                         settings.row_group_size or pp.default_row_group_size(settings.pack_size))
         packed.stats, packed.pack_seconds = write_splits(settings, cluster, workers, packed,
                                                          {r["index"]: r["paths"] for r in results}, tok.eod_id)
-    except BaseException:
+    except DataPrepError:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return packed
@@ -297,14 +347,16 @@ def run(config_path: str) -> int:
     sources = scan_sources(settings, files)
     fp = fingerprint(settings, sources, tok, template.sha256)
     out = settings.out
-    if not prepare_output(settings, fp):
+    # a forced run stopped short (the time-limit signal) goes on in the next allocation, not forced again
+    if not prepare_output(settings, fp) and not os.path.isdir(os.path.join(out, f"{STAGING}{fp[:16]}")):
         print(f"{PROG}: {out} is up to date (same inputs and settings); force=true redoes it", flush=True)
         return 0
     markup = _markup_warning(tok_json)
     if markup:
         print(f"{PROG}: warning: {markup}", flush=True)
     with lock.holding(out, settings.job), Cluster(settings.backend, settings.object_store_mb) as cluster:
-        packed = pack(settings, cluster, sources, tok, tok_json, template)
+        staging = make_staging(out, fp, settings.force)
+        packed = pack(settings, cluster, sources, tok, tok_json, template, staging)
         cluster.stop()
     try:  # a dataset with too many bad records stops here: its packs go with the staging dir
         metadata = build_metadata(settings, fp, files, sources, tok, template.file, template.sha256, packed)
@@ -330,7 +382,7 @@ def _markup_warning(tok_json: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli(PROG, __doc__.split("\n\n")[0], run, argv)
+    return cli(PROG, __doc__.split("\n\n")[0], run, argv, stops=True)
 
 
 if __name__ == "__main__":

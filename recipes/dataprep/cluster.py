@@ -186,21 +186,22 @@ class Cluster:
         back before), at most `workers` at a time. Yields (i, item, last) as they come: a generator task's
         items, its last one with last=True; a plain task's result; (i, error, True) for a task that raised a
         DataPrepError; and None when nothing came within TICK_S. Any other error is raised. `name`: the tasks'
-        name on Ray (default: the function's)."""
+        name on Ray (default: the function's). At the time-limit signal while tasks are left, stop.TimeLimit, the
+        running tasks ended (stop.py)."""
         self.start(fn.__module__)
-        stop.arm()
-        todo = enumerate(args)
+        todo = _Peekable(enumerate(args))
         inflight: dict = {}
-        finished = 0
         try:
             if self.backend == "ray":
                 events = self._ray_tasks(fn, todo, inflight, workers, cpus_per_task, name or fn.__name__)
             else:
                 events = self.pool.tasks(fn, todo, inflight, workers)
+            if stop.requested() and todo.more():  # the time-limit signal: no task starts
+                raise stop.TimeLimit
             for event in events:
-                stop.check(finished)  # the time-limit signal: no task more, the running ones ended (finally)
-                finished += bool(event and event[2])
                 yield event
+                if stop.requested() and (inflight or todo.more()):  # no task more, the running ones ended (finally)
+                    raise stop.TimeLimit
         finally:
             self._cancel(inflight)
 
@@ -307,6 +308,24 @@ class Cluster:
         if exc_type is not None and self.pool is not None:  # an error or a signal: no waiting for the tasks
             self._kill_pool()
         self.stop()
+
+
+class _Peekable:
+    """An iterator that tells whether it has an item more, without losing it."""
+
+    def __init__(self, items) -> None:
+        self.items, self.next = iter(items), []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next.pop() if self.next else next(self.items)
+
+    def more(self) -> bool:
+        if not self.next:
+            self.next = [item for item in (next(self.items, None),) if item is not None]
+        return bool(self.next)
 
 
 def kill_descendants() -> None:

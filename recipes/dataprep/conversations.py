@@ -8,7 +8,9 @@ A partition is a contiguous range of records of one dataset (possibly across its
 Output, written atomically under the run's staging directory:
 
 * `part_NNNNNN.ids`  raw little-endian int32, the token ids of the good conversations back to back;
-* `part_NNNNNN.mask` raw int8, 1 on the tokens the model is trained to produce.
+* `part_NNNNNN.mask` raw int8, 1 on the tokens the model is trained to produce;
+* `part_NNNNNN.npz`  the receipt, written last (both files synced first): what is returned to the driver, so
+  that a later run (the next allocation, after the time-limit signal) takes the partition as done (`kept`).
 
 Returned to the driver (small): per good conversation its token count, its first trained position
 (>= 1), its trained-token count and a 64-bit content key (for the deterministic split); the bad-record
@@ -18,9 +20,11 @@ counts. Nothing here depends on the worker count or on timing.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-from dataclasses import dataclass, field
+import zipfile
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -29,7 +33,7 @@ from .bad_records import BadRecords
 from .inputs import PARQUET, open_binary, row_groups
 from .record_texts import too_long
 from .line_reader import lines
-from .files import tmp_name
+from .files import fsync_file, tmp_name, write_atomic
 
 BATCH = 256  # conversations per encode_batch call
 # kinds of bad records counted here: invalid_json, bad_utf8 (read); missing_field, bad_messages, no_assistant
@@ -182,6 +186,7 @@ def tokenize_partition(part: Partition, staging: str, tokenizer_json: str, templ
             flush()
         for name, f in files.items():
             f.close()
+            fsync_file(tmp[name])
             os.replace(tmp[name], final[name])
     except BaseException:
         for name, f in files.items():
@@ -189,7 +194,7 @@ def tokenize_partition(part: Partition, staging: str, tokenizer_json: str, templ
             if os.path.exists(tmp[name]):
                 os.unlink(tmp[name])
         raise
-    return {
+    result = {
         "index": part.index,
         "dataset": part.dataset,
         "records": part.records,
@@ -200,6 +205,36 @@ def tokenize_partition(part: Partition, staging: str, tokenizer_json: str, templ
         "bad": {"counts": bad.counts, "examples": bad.examples},
         "paths": final,
     }
+    meta = {"partition": asdict(part), "bad": result["bad"], "bytes": {n: os.path.getsize(p) for n, p in final.items()}}
+    data = io.BytesIO()
+    np.savez(data, meta=np.array(json.dumps(meta)), **{k: result[k] for k in ARRAYS})
+    write_atomic(receipt_path(part, staging), data.getvalue())
+    return result
+
+
+ARRAYS = ("lengths", "first_loss", "loss_tokens", "keys")
+
+
+def receipt_path(part: Partition, staging: str) -> str:
+    return os.path.join(staging, f"{part.stem}.npz")
+
+
+def kept(part: Partition, staging: str, arrays: bool = True) -> dict | None:
+    """What `tokenize_partition` returned for the partition, from its receipt (`arrays` False: without the
+    per-conversation arrays), if an earlier run finished it: None if not, or if its files are not what the
+    receipt says."""
+    try:
+        with np.load(receipt_path(part, staging), allow_pickle=False) as npz:
+            meta = json.loads(str(npz["meta"]))
+            found = {k: npz[k] for k in ARRAYS} if arrays else {}
+        final = {name: os.path.join(staging, f"{part.stem}.{name}") for name in ("ids", "mask")}
+        if meta["partition"] != json.loads(json.dumps(asdict(part))) or \
+                any(os.path.getsize(path) != meta["bytes"][name] for name, path in final.items()):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return None
+    return {"index": part.index, "dataset": part.dataset, "records": part.records, **found, "bad": meta["bad"],
+            "paths": final}
 
 
 def load_part(path: str, dtype: str) -> np.ndarray:

@@ -5,6 +5,7 @@ the input files of the blend (local first, then the hub)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -12,7 +13,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..contract import CONTINUE_EXIT, INPUT_ERROR_EXIT, NAME  # NAME: what a dataset name may be
+from ..contract import ATTEMPTS_FILE, INPUT_ERROR_EXIT, NAME, ledger_entries  # NAME: what a dataset name may be
 from . import inputs, stop
 from .cluster import ClusterError
 from .errors import DISK_FULL, DataPrepError
@@ -21,23 +22,16 @@ from .errors import DISK_FULL, DataPrepError
 def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None,
         stops: bool = False) -> int:
     """`--config PATH` to `run`; config and input errors, and a full disk: one line, INPUT_ERROR_EXIT; Ray's: one
-    line, 1. `stops`: the run keeps its finished tasks, so the time-limit signal ends it with CONTINUE_EXIT (1
-    when no task finished in this attempt: going on would get no further)."""
+    line, 1. `stops`: the run keeps its finished tasks, so the time-limit signal ends it with CONTINUE_EXIT, or 1
+    when no task finished in this allocation (stop.py)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
-    if stops:
-        stop.enable()
     try:
-        return run(args.config)
-    except stop.TimeLimit as e:
-        if not e.finished:
-            print(f"{prog}: error: the time-limit signal came before any task finished in this allocation; give it "
-                  "more time (run.time) or make the tasks smaller (num_shards)", file=sys.stderr, flush=True)
-            return 1
-        print(f"{prog}: stopped for the time limit: {e.finished} task(s) finished in this allocation and kept, the "
-              "rest left for the next one", flush=True)
-        return CONTINUE_EXIT
+        with stop.armed() if stops else contextlib.nullcontext():
+            return run(args.config)
+    except stop.TimeLimit:
+        return stop.stopped(prog)
     except DataPrepError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return INPUT_ERROR_EXIT
@@ -146,10 +140,24 @@ class Common(Run):
 
 
 def run_given(cfg: dict) -> dict:
-    """The fields of Run that are not config keys as they stand: output_dir made absolute, the job's id."""
+    """The fields of Run that are not config keys as they stand: output_dir made absolute, the job's id, and
+    `force` for the run's first attempt only."""
     job = cfg.get("job")
     return {"output_dir": os.path.abspath(os.path.expanduser(take(cfg, "output_dir", str))),
-            "job": job.get("id") if isinstance(job, dict) else None}
+            "job": job.get("id") if isinstance(job, dict) else None,
+            "force": take(cfg, "force", bool) and not _continued(job)}
+
+
+def _continued(job) -> bool:
+    """Whether this is a later attempt of the run (the job requeued: recipes/attempts.py's ledger in the job dir
+    names an earlier start): the first attempt redid everything, and what it and the others since finished is
+    kept, or a forced run stopped at every time limit would start over in every allocation."""
+    folder = job.get("dir") if isinstance(job, dict) else None
+    try:
+        with open(os.path.join(folder, ATTEMPTS_FILE), encoding="utf-8") as f:
+            return sum(e.get("event") == "start" for e in ledger_entries(f.read())) > 1
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 def resolve_files(settings) -> dict:

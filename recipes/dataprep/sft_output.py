@@ -22,6 +22,7 @@ except `write_shard`, which runs as one Ray task per shard and reads the tokens 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ import numpy as np
 from . import packed_parquet as pp
 from .conversations import load_part
 from .packing import Packing, best_fit_decreasing
-from .files import sha256_file, tmp_name
+from .files import fsync_dir, fsync_file, sha256_file, tmp_name, write_json
 
 SPLITS = ("train", "valid", "test")
 SHARD_NAME = "shard_{:06d}.parquet"
@@ -170,9 +171,11 @@ def _part(path: str, dtype: str) -> np.ndarray:
 
 
 def write_shard(path: str, seq_part: np.ndarray, seq_offset: np.ndarray, stored: np.ndarray, padded: np.ndarray,
-                row_offsets: np.ndarray, part_paths: dict, pad_id: int, row_group_size: int) -> dict:
+                row_offsets: np.ndarray, part_paths: dict, pad_id: int, row_group_size: int,
+                receipt: str | None = None) -> dict:
     """Assemble one shard's packs from the part files and write it, one row group at a time (memory stays
-    at one row group), to a temporary name renamed into place; returns its stats."""
+    at one row group), to a temporary name renamed into place; returns its stats, also written to `receipt`
+    (after the shard is synced) so that a later run takes it as done (`kept_shard`)."""
     import pyarrow.parquet as pq
 
     tmp = tmp_name(path)
@@ -200,10 +203,26 @@ def write_shard(path: str, seq_part: np.ndarray, seq_offset: np.ndarray, stored:
                 seq_start = seq_abs - np.repeat(row_tok[:-1], np.diff(local_rows))
                 writer.write_table(pp.table(ids, mask, row_tok, seq_start, local_rows), row_group_size=row_group_size)
                 loss += int(mask.sum())
+        if receipt:
+            fsync_file(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return {"file": os.path.basename(path), "rows": rows, "sequences": len(stored),
-            "tokens": int(stored.sum()), "stored_tokens": int(padded.sum()), "loss_tokens": loss,
-            "bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    stats = {"file": os.path.basename(path), "rows": rows, "sequences": len(stored),
+             "tokens": int(stored.sum()), "stored_tokens": int(padded.sum()), "loss_tokens": loss,
+             "bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    if receipt:
+        fsync_dir(os.path.dirname(path))
+        write_json(receipt, stats)
+    return stats
+
+
+def kept_shard(path: str, receipt: str) -> dict | None:
+    """The stats of a shard an earlier run wrote (its receipt), if the file is still the size it says."""
+    try:
+        with open(receipt, encoding="utf-8") as f:
+            stats = json.load(f)
+        return stats if os.path.getsize(path) == stats["bytes"] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
