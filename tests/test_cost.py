@@ -30,7 +30,7 @@ def config(stage: str, name: str = "default", profile: str | None = None, *overr
 
 def manifest(cfg: dict, seconds: float | None, job: str = "ultra3-pretrain_20260101-000000-abcdef", **metadata) -> dict:
     """An artifact manifest as recipes/contract.py publishes it for a completed job of this config."""
-    return {"format": 1, "name": f"x-{cfg['job']['config']}", "kind": "x", "path": "/jobs/x", "job": job,
+    return {"format": 1, "name": f"x-{cfg['job']['config']}", "kind": "x", "path": "/jobs/x", "producer": job,
             "stage": cfg["job"]["stage"], "config": cfg["job"]["config"], "config_digest": cfg["job"].get("digest"),
             "seconds": seconds, "metadata": {"bytes": 1, **metadata}}
 

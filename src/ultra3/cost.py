@@ -52,12 +52,16 @@ CALIBRATION_MFU = 0.10
 CHECKPOINT_BYTES_PER_PARAM = 2 + 0.6
 IO_BYTES_PER_S_PER_NODE = 1e9
 
-# Stopping at the time-limit signal (Parts.stop_time): one step, then one synchronous save of the BF16 weights and
-# the distributed optimizer's FP32 main weights and two Adam moments (2 + 12 bytes/param; the Ultra report: a
-# synchronous save blocked ~60 s) at IO_BYTES_PER_S_PER_NODE, then the processes' exit.
+# Stopping at the time-limit signal (Parts.stop_time): one step, then one save of the BF16 weights and the distributed
+# optimizer's FP32 main weights and two Adam moments (2 + 4 + 4 + 4 bytes/param) at IO_BYTES_PER_S_PER_NODE, written
+# whole before the exit (an asynchronous save too: Megatron-Bridge waits for it), then the processes' exit.
 SAVE_BYTES_PER_PARAM = 2 + 12
 STOP_MARGIN_S = 30  # the step-end check of the signal, the exit of every rank
 STOP_FLOOR_S = 60  # Slurm checks its timers about once a minute
+# How long a save holds training up (the Young/Daly interval's cost): a synchronous one its whole write; an
+# asynchronous one (Megatron-Bridge's Ultra recipes: checkpoint.async_save) the hand-over to its writer: the Ultra
+# report, 60 s blocked -> <1 s (field.md §3.4)
+ASYNC_BLOCK_S = 1.0
 
 
 @dataclass
@@ -115,17 +119,34 @@ def step_and_save(config: dict) -> tuple[float | None, float | None, int | None,
     return step_s, size / (nodes * IO_BYTES_PER_S_PER_NODE) if size else None, size, step.unknown
 
 
-def training_stop(config: dict) -> tuple[int, str]:
-    """Seconds from the time-limit signal to a saved exit: one step (the throughput model's) + one save + the exit."""
-    step_s, save_s, size, unknown = step_and_save(config)
+def training_stop(config: dict, step_s: float | None = None, save_s: float | None = None) -> tuple[int, str]:
+    """Seconds from the time-limit signal to a saved exit: one step + one save + the exit, by the model, or with a
+    measured step_s or save_s (an earlier run's) in its place."""
+    model_step, model_save, size, unknown = step_and_save(config)
     nodes = pos_int(get(config, "run.nodes")) or 1
-    need = (step_s or 0) + (save_s or 0) + STOP_MARGIN_S
-    said = [f"one step {step_s:.0f} s" if step_s else f"one step (unknown: {unknown})",
-            f"one save {save_s:.0f} s ({_bytes(size)} at {IO_BYTES_PER_S_PER_NODE / 1e9:g} "
-            f"GB/s per node x {nodes}, assumed)" if save_s is not None else "one save (unknown model size)",
-            f"{STOP_MARGIN_S} s to exit"]
+    step = f"one step {_secs(step_s)} (measured)" if step_s else \
+        f"one step {_secs(model_step)}" if model_step else f"one step (unknown: {unknown})"
+    save = f"one save {_secs(save_s)} (measured)" if save_s else \
+        f"one save {_secs(model_save)} ({_bytes(size)} at {IO_BYTES_PER_S_PER_NODE / 1e9:g} GB/s per node x {nodes}, " \
+        "assumed)" if model_save is not None else "one save (unknown model size)"
+    need = (step_s or model_step or 0) + (save_s or model_save or 0) + STOP_MARGIN_S
     floor = f", at least {STOP_FLOOR_S} s" if need < STOP_FLOOR_S else ""
-    return max(STOP_FLOOR_S, math.ceil(need)), " + ".join(said) + floor
+    return max(STOP_FLOOR_S, math.ceil(need)), f"{step} + {save} + {STOP_MARGIN_S} s to exit{floor}"
+
+
+def async_save(config: dict) -> bool:
+    """Whether the job saves asynchronously: checkpoint.async_save, else the Ultra recipes' default (true), which
+    the runtime turns off where nothing is saved."""
+    value = get(config, "checkpoint.async_save")
+    return bool(value if value is not None else get(config, "checkpoint.save"))
+
+
+def blocking_save(config: dict) -> tuple[float | None, str]:
+    """(seconds a save holds training up, how they were had): the model's whole write, or an asynchronous hand-over."""
+    if async_save(config):
+        return ASYNC_BLOCK_S, f"asynchronous, {_secs(ASYNC_BLOCK_S)} assumed (the Ultra report: under 1 s)"
+    save_s = step_and_save(config)[1]
+    return save_s, "synchronous, the whole write by the model" if save_s else "unknown model size"
 
 
 def image_build(config: dict, measured: list[dict]) -> Estimate:
@@ -244,7 +265,7 @@ def _from_measured(stage: str, measured: list[dict], count_key: str | None, budg
             continue
         count = pos_int((m.get("metadata") or {}).get(count_key)) if count_key else None
         basis = f"measured: {_duration(seconds / 3600)}" + (f" for {count:,} {count_key}" if count else "")
-        basis += f" by {m.get('job') or m.get('name') or 'an earlier job'}"
+        basis += f" by {m.get('producer') or m.get('name') or 'an earlier job'}"
         if count and budget and budget != count:
             seconds *= budget / count
             basis += f", scaled to {budget:,}"
@@ -340,6 +361,10 @@ def _amount(hours: float, what: str) -> str:
     if hours * 60 >= 1:
         return f"{_num(hours * 60)} {what}-min"
     return f"{_num(hours * 3600)} {what}-s" if hours * 3600 >= 1 else f"<1 {what}-s"
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:,.0f} s" if seconds >= 1 else "<1 s"
 
 
 def _bytes(n: float) -> str:

@@ -29,6 +29,7 @@ HF = "hf://"
 # Stopping at the time-limit signal: running shards are abandoned (finished ones are kept by their receipts), the
 # workers ended and the runtime exits; a few seconds, with a margin
 STOP_S = 60
+STARTUP_S = 30  # assumed: an allocation's start to its first task (the runtime's start, a Ray cluster over the nodes)
 
 
 def data_prep(config: dict, measured: list[dict]) -> Estimate:
@@ -133,4 +134,4 @@ def _cores(config: dict) -> tuple[int | None, str]:
 
 
 def data_prep_stop(config: dict) -> tuple[int, str]:
-    return STOP_S, "running shards abandoned, the workers ended (finished shards kept)"
+    return STOP_S, "the running tasks ended (the finished ones kept by their receipts) and the exit, assumed"
