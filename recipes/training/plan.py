@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import pad_seq_to_mult
+from ..contract import CHECKPOINT_TRACKERS, pad_seq_to_mult
 from .resilience import ft_values
 
 ULTRA = "megatron.bridge.recipes.nemotronh.h100.nemotron_3_ultra"
@@ -142,11 +142,23 @@ def derived(cfg: dict, values: dict[str, Any]) -> dict[str, Any]:
         out.update({k: v for k, v in (("checkpoint.load", None), ("checkpoint.async_save", False)) if k not in values})
     if stage == "sft":
         out["checkpoint.pretrained_checkpoint"] = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
+    out.update(fork_resumed(cfg, values))
     out.update(ft_values(cfg, values))  # run.fault_tolerance: the ranks run under ft_launcher
     if values.get("logger.wandb_project"):
         out.setdefault("logger.wandb_exp_name", values.get("logger.wandb_exp_name") or job.get("id"))
         out.setdefault("logger.wandb_save_dir", values.get("logger.wandb_save_dir") or f"{job['dir']}/wandb")
     return out
+
+
+def fork_resumed(cfg: dict, values: dict[str, Any]) -> dict[str, Any]:
+    """A forked run (job.fork) loads its source's checkpoint at the fork's iteration once: when its own
+    checkpoint.save holds a checkpoint (a later allocation, an in-job restart, the same fork submitted again), it goes
+    on from its newest one there, as any run does, instead of starting over from the fork's iteration."""
+    save = values.get("checkpoint.save")
+    if not cfg["job"].get("fork") or not save or not any(os.path.isfile(os.path.join(save, t))
+                                                          for t in CHECKPOINT_TRACKERS):
+        return {}
+    return {"checkpoint.load": save, "checkpoint.ckpt_step": None}
 
 
 def _flatten(tree: dict, prefix: str) -> dict[str, Any]:

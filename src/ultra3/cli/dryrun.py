@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from .. import cost
+from .. import cost, run_plan
 from ..artifacts import optional, source_line
 
 from ..compile import changed_keys
@@ -19,6 +19,13 @@ from ..lineage import said
 
 def _section(out: TextIO, title: str) -> None:
     out.write(f"\n== {title} ==\n")
+
+
+def _table(out: TextIO, title: str, rows: list[tuple[str, str]]) -> None:
+    _section(out, title)
+    width = max((len(label) for label, _ in rows), default=0)
+    for label, value in rows:
+        out.write(f"{label:<{width}}  {value}\n")
 
 
 def print_dry_run(job: Job, out: TextIO | None = None) -> None:
@@ -73,13 +80,13 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
         value = masked(flat[key], key)
         out.write(f"{key:<{width}} = {_inline(value)}  <- {job.origin[key]}\n")
     for name, rows in job.report.tables.items():
-        _section(out, name)
-        label_width = max((len(label) for label, _ in rows), default=0)
-        for label, value in rows:
-            out.write(f"{label:<{label_width}}  {value}\n")
+        _table(out, name, rows)
     for title, text in job.report.blocks.items():
         _section(out, title)
         out.write(text if text.endswith("\n") else text + "\n")
+
+    if plan := run_plan.rows(job):  # a Slurm job of many allocations
+        _table(out, "long run", plan)
 
     if estimate := cost.estimate(job):
         _section(out, "estimated cost")

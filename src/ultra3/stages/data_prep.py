@@ -18,10 +18,16 @@ def parts(kind: str) -> Callable[[], Parts]:
         from .. import schema
         from ..cost_data_prep import data_prep, data_prep_stop
         from ..validation.data_prep import validate_data_prep
+        from ..validation.long_run import check_grace
 
         kinds = {"pretrain": schema.DATA_PREP_PRETRAIN, "sft": schema.DATA_PREP_SFT, "rl": schema.DATA_PREP_RL}
-        # sft's packing is all or nothing (its staging dir goes on a failure): it cannot stop early and go on
-        return Parts(kinds[kind], validate_data_prep, data_prep, stop_time=None if kind == "sft" else data_prep_stop)
+
+        def validate(cfg: dict, report) -> None:
+            validate_data_prep(cfg, report)
+            check_grace(cfg, report, *data_prep_stop(cfg))  # run.grace_s against the time limit and the stop time
+
+        # every kind keeps its finished tasks (receipts) and stops at the time-limit signal (recipes/dataprep/stop.py)
+        return Parts(kinds[kind], validate, data_prep, stop_time=data_prep_stop)
 
     return of_kind
 

@@ -12,7 +12,7 @@ collect every finding (none stops at the first) and add derived facts and printa
 * topology     TP inside a node, the expert group inside the NVLink domain (HybridEP)
 * schedule     token budget, warmup/decay in iterations and tokens, LR schedule sanity
 * memory       parameter counts and a per-GPU memory estimate against the GPU's HBM
-* long_run     on Slurm: the time-limit signal, allocations, checkpoints, work lost per failure, Young/Daly
+* long_run     on Slurm: run.grace_s against the time limit and the stop time, a checkpoint dir, checkpoints kept
 * fault_tolerance  ft_launcher and the FT package, in-process restart, async save, the straggler detectors
 
 Then our model keys are checked against a local HF config.json when `recipe.hf_model` names one.
