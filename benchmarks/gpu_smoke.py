@@ -24,31 +24,27 @@ import statistics
 import sys
 from pathlib import Path
 
-from ultra3.progress import FIELD, ITERATION, LOADED, MEMORY, SAVED, VALIDATION  # Megatron-Bridge's log lines
+from ultra3 import progress  # Megatron-Bridge's log lines, read as `nemotron jobs status` reads them
 
 STEPS = ("pretrain", "resume", "sft", "quantize")
 AUTOTUNED = re.compile(r"^finished after ([0-9.]+)s,")
 ACCURACY = re.compile(r"accuracy on (\d+) held-out tokens: relative logit error ([0-9.]+), top-1 agreement ([0-9.]+), "
                       r"perplexity ([0-9.]+) -> ([0-9.]+)")
 QUANTIZED = re.compile(r"ultra3 quantize: wrote (\S+) \(bits per element ([0-9.]+)\) in ([0-9.]+) s")
-WARMUP = 3  # iterations left out of the step time: the first ones compile kernels
 
 
 def parse(text: str) -> dict:
-    iterations, memory, saved, loaded, validation, autotuned, quantized = [], {}, [], [], [], [], {}
+    step = {"iterations": [], "memory_gb": {}, "saved": [], "loaded": [], "validation": []}
+    autotuned, quantized = [], {}
     for line in text.splitlines():
-        if match := ITERATION.search(line):
-            fields = {k.strip(): float(v) for k, v in FIELD.findall(match.group(4) + "|")}
-            iterations.append({"iteration": int(match.group(2)), "of": int(match.group(3)), **fields})
-        elif match := MEMORY.search(line):
-            memory = {k.strip(): float(v) for k, v in FIELD.findall(match.group(2) + "|")}
-        elif match := SAVED.search(line):
-            saved.append({"iteration": int(match.group(1)), "dir": match.group(2)})
-        elif match := LOADED.search(line):
-            loaded.append({"dir": match.group(1), "iteration": int(match.group(2))})
-        elif match := VALIDATION.search(line):
-            validation.append({"iteration": int(match.group(1)), "set": match.group(2) or "validation (in training)",
-                               "lm loss": float(match.group(3))})
+        if found := progress.iteration(line, keep=None):  # every field
+            step["iterations"].append(found[0])
+        elif said := progress.event(line):
+            kind, values = said
+            if kind == "memory":
+                step["memory_gb"] = values
+            else:
+                step[kind].append(values)
         elif match := AUTOTUNED.search(line):
             autotuned.append(float(match.group(1)))
         elif match := ACCURACY.search(line):
@@ -57,9 +53,8 @@ def parse(text: str) -> dict:
         elif match := QUANTIZED.search(line):
             quantized.update(output=match.group(1), bits_per_element=float(match.group(2)),
                              seconds=float(match.group(3)))
-    return {"iterations": iterations, "memory_gb": memory, "saved": saved, "loaded": loaded, "validation": validation,
-            "autotune_s": round(sum(autotuned), 2) if autotuned else None, "autotuned_kernels": len(autotuned),
-            "quantized": quantized}
+    return {**step, "autotune_s": round(sum(autotuned), 2) if autotuned else None,
+            "autotuned_kernels": len(autotuned), "quantized": quantized}
 
 
 def peak_mib(path: Path) -> float | None:
@@ -74,7 +69,7 @@ def summary(step: dict, seq_length: int) -> dict:
     its = step["iterations"]
     if not its:
         return {}
-    times = [it["elapsed time per iteration (ms)"] for it in its[WARMUP:] or its]
+    times = [it["elapsed time per iteration (ms)"] for it in its[progress.WARMUP:] or its]
     losses = [it["lm loss"] for it in its if "lm loss" in it]
     ms = statistics.median(times)
     batch = its[-1].get("global batch size", 0)
