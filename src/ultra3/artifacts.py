@@ -41,6 +41,7 @@ class Source:
     artifact: str | None = None  # NAME:vN in the store
     digest: str | None = None  # the producer's config digest: what a consumer's own digest builds on
     pending: bool = False  # the output of a pipe stage not yet run: nothing to check on disk yet
+    step: str | None = None  # the pipe step that makes it (or made it)
 
 
 class Store:
@@ -134,8 +135,8 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
     for inp in stage.inputs:
         value = get(config, inp.key)
         source, given = None, False
-        if inp.unless and get(config, inp.unless):
-            pass  # not consumed: mock data, a checkpoint the job makes itself, a resumed run
+        if not consumed(inp, config):
+            pass  # mock data, a checkpoint the job makes itself, a resumed run, a phase the run does not have
         elif inp.key in wired and origin.get(inp.key) == wired[inp.key].how:  # the pipe wired it, nothing overrode it
             source = wired[inp.key]
         elif isinstance(value, str) and _malformed_ref(value):
@@ -161,8 +162,8 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
         elif value not in (None, ""):
             source, given = Source(str(value), f"set in {origin.get(inp.key)}"), True
         elif needed(inp, config) or inp.configs or optional(inp, config):
-            mine = get(config, "job.config") if inp.same_config else None
-            manifest = store.newest(inp.kinds, profile, mine, inp.configs)
+            mine = maker_config(inp, config)
+            manifest = store.newest(inp.kinds, profile, mine, inp.only(lambda key: get(config, key)))
             if manifest is None:
                 if needed(inp, config):
                     report.error(inp.key, _nothing_found(stage, inp, profile, store, mine, producers))
@@ -182,12 +183,25 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
     return sources
 
 
+def maker_config(inp: Input, config: dict[str, Any]) -> str | None:
+    """The producer config an input prefers (or, with a config_key, takes only): the consumer's own name (tiny for
+    tiny) or the one its config_key names."""
+    if inp.config_key:
+        return next(iter(inp.only(lambda key: get(config, key))), None)
+    return get(config, "job.config") if inp.same_config else None
+
+
+def consumed(inp: Input, config: dict[str, Any]) -> bool:
+    """Whether the job reads the input at all: not when its `unless` key is true or its `when` key unset."""
+    return not (inp.unless and get(config, inp.unless)) and not (inp.when and get(config, inp.when) in (None, ""))
+
+
 def needed(inp: Input, config: dict[str, Any]) -> bool:
-    return inp.required and not (inp.unless and get(config, inp.unless)) and not optional(inp, config)
+    return inp.required and consumed(inp, config) and not optional(inp, config)
 
 
 def optional(inp: Input, config: dict[str, Any]) -> bool:
-    return bool(inp.optional_when and get(config, inp.optional_when)) and not (inp.unless and get(config, inp.unless))
+    return bool(inp.optional_when and get(config, inp.optional_when)) and consumed(inp, config)
 
 
 def _whose(profile: str | None) -> str:
@@ -224,7 +238,8 @@ def hint(inp: Input, producers: Producers, profile: str | None, config: str | No
     makers = [s for kind in inp.kinds for s in producers(kind)]
     if not makers:
         return ""
-    same = inp.same_config and config not in (None, "default") and config in config_names(makers[0].config_dir)
+    same = config not in (None, "default") and (inp.config_key is not None or inp.same_config
+                                                 and config in config_names(makers[0].config_dir))
     return f"ultra3 {makers[0].name}{f' -c {config}' if same else ''}{f' --batch {profile}' if profile else ''}"
 
 
@@ -234,7 +249,7 @@ def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None
     return [{"name": inp.name, "key": inp.key, "kinds": list(inp.kinds), "required": needed(inp, config),
              "path": src.path if src else None, "producer": src.producer if src else None,
              "artifact": src.artifact if src else None, "how": src.how if src else None,
-             "hint": hint(inp, producers, profile, get(config, "job.config")),
+             "hint": hint(inp, producers, profile, maker_config(inp, config)),
              "pending": bool(src and src.pending)}
             for inp, src in zip(stage.inputs, sources)]
 
@@ -300,7 +315,7 @@ def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | Non
         if not os.path.exists(path):
             problem = f"{src.path} does not exist"
         elif "pretrain-data" in inp.kinds and os.path.isfile(path):
-            problem = _blend_problem(path)
+            problem = blend_problem(path)
         elif inp.kinds == ("sft-data",) and inp.key == "dataset.packed_dir":
             problem = _packed_problem(path, config)
         if problem:
@@ -331,7 +346,7 @@ def _packed_problem(path: str, config: dict[str, Any]) -> str | None:
     return None
 
 
-def _blend_problem(path: str) -> str | None:
+def blend_problem(path: str) -> str | None:
     try:
         with open(path) as f:
             blend = json.load(f)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import artifacts, executors, images, leaks
+from .artifacts import Source
 from . import schema as schemas
 from .contract import NAME
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
@@ -51,7 +52,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
         read_as_ours(stage, layer, report)
 
     flat, origin = merge(layers)
-    _wire(stage, options, flat, origin)
+    wired = _wire(stage, options, flat, origin)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
         del flat[key]
@@ -85,7 +86,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     early, first = {f.key for f in report.errors}, len(report.findings)
     early |= {f"run.{f.key.rsplit(' ', 1)[-1]}" for f in profile.errors} if profile else set()  # left out of run
     try:
-        job = _checked(stage, options, config_path, profile, executor, tree, origin, base_sources, report, flat)
+        job = _checked(stage, options, config_path, profile, executor, tree, origin, base_sources, report, flat, wired)
     except UserError as e:
         if not report.errors or isinstance(e, InvalidConfig):
             raise
@@ -102,7 +103,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
 
 def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile | None, executor: str,
              tree: dict[str, Any], origin: dict[str, str], base_sources: set[str], report: Report,
-             flat: dict[str, Any]) -> Job:
+             flat: dict[str, Any], wired: dict[str, Source]) -> Job:
     """The resolved config through precision settling, the executor's rules, the inputs and the stage's rules."""
     config = resolve(tree, origin)
     config.setdefault("cluster", {})
@@ -114,7 +115,7 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
     images.choose(stage.image, config, flat, origin, profile, executors.executor(executor).asks_image,
                   options.dry_run, report)
     executors.executor(executor).check(stage, config["run"], profile, report)
-    job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat)
+    job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat, wired=wired)
     _settle_inputs(job)
     stage.parts().validate(config, report)
     return job
@@ -148,12 +149,19 @@ def _profile_layers(stage: Stage, profile: Profile, below: list[Layer], report: 
     return [Layer(profile.source, values), *([Layer(f"{profile.source}, its build_* keys", build)] if build else [])]
 
 
-def _wire(stage: Stage, options: Options, flat: dict[str, Any], origin: dict[str, str]) -> None:
+def _wire(stage: Stage, options: Options, flat: dict[str, Any], origin: dict[str, str]) -> dict[str, Source]:
+    """Each input to the output a pipe offers for it (the newest earlier maker of its kind, of the config it takes
+    when it names one), unless the pipe config or the command line set it; input key -> that output."""
     explicit = {CLI_SOURCE, options.pipe_layer.source if options.pipe_layer else None}
+    wired = {}
     for inp in stage.inputs:
-        src = options.wired.get(inp.key)
+        only = inp.only(flat.get)
+        src = next((options.offered[kind, c] for kind in inp.kinds for c in (only or (None,))
+                    if (kind, c) in options.offered), None)
         if src and origin.get(inp.key) not in explicit and not (inp.unless and flat.get(inp.unless)):
             flat[inp.key], origin[inp.key] = src.path, src.how
+            wired[inp.key] = src
+    return wired
 
 
 def _settle_inputs(job: Job) -> None:
@@ -161,7 +169,7 @@ def _settle_inputs(job: Job) -> None:
     digest and store: in `job.*`, for the dry run, the in-job preflight and the manifests it publishes."""
     profile = job.profile.name if job.profile else None
     store = job.store = _artifact_store(job)
-    job.sources = artifacts.settle(job.stage, job.config, job.origin, profile, store, job.options.wired, job.report,
+    job.sources = artifacts.settle(job.stage, job.config, job.origin, profile, store, job.wired, job.report,
                                    producers)
     for inp, src in zip(job.stage.inputs, job.sources):
         if src:

@@ -33,9 +33,10 @@ class Options:
     env_file: str | None = None
     overrides: list[str] = field(default_factory=list)
     pipe_layer: Layer | None = None  # a pipe's overrides of this stage: above the profile, below the command line
-    # inputs a pipe wires to its earlier stages' outputs: above the stage config and the profile, below
-    # what the pipe config or the command line set; not where the input's `unless` key is true
-    wired: dict[str, Source] = field(default_factory=dict)
+    # the outputs of a pipe's earlier stages, by (kind, its config) and (kind, None) for the newest of a kind: an
+    # input is wired to one above the stage config and the profile, below what the pipe config or the command
+    # line set; not where the input's `unless` key is true
+    offered: dict[tuple[str, str | None], Source] = field(default_factory=dict)
 
     @property
     def mode(self) -> Mode:
@@ -60,6 +61,7 @@ class Job:
     flat: dict[str, Any] = field(repr=False)  # merged values before interpolation
     sources: list[Source | None] = field(default_factory=list)  # per stage input: its value's origin
     store: Store | None = None  # the profile's artifact store, where the inputs were looked up
+    wired: dict[str, Source] = field(default_factory=dict)  # input key -> the pipe's output it was wired to
 
     @property
     def digest(self) -> str:

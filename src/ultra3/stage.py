@@ -45,6 +45,15 @@ class Input:
     same_config: bool = True  # prefer an artifact made by a config of the consumer's name (tiny for tiny)
     optional_when: str | None = None  # a config key that, when true, makes the input optional: taken when one
     # exists, else the job goes without it (the tiny SFT's random initial weights)
+    when: str | None = None  # a config key that must be set for the input to be consumed at all (a phase 2)
+    config_key: str | None = None  # a config key naming the one producer config to take it from (`phase2`)
+
+    def only(self, value: Callable[[str], Any]) -> tuple[str, ...]:
+        """The producer configs this input takes artifacts from (any when empty); `value` reads a config key."""
+        if self.config_key:
+            named = value(self.config_key)
+            return (str(named),) if named not in (None, "") else ()
+        return self.configs
 
 
 @dataclass(frozen=True)
