@@ -213,17 +213,21 @@ def estimate(job) -> Estimate | None:
     return job.stage.parts().cost(job.config, measured)
 
 
-def total(estimates: list[Estimate]) -> Estimate:
-    """A chain run one stage after another: the sums of what is known, and which stages are unknown."""
+def total(estimates: list[Estimate], critical: list[str] | None = None) -> Estimate:
+    """The sums of what is known, and which stages are unknown. A graph whose independent stages run side by side
+    gives its critical path (stage names, ultra3.pipe_graph): the wall time is that path's alone."""
     known = [e for e in estimates if not e.unknown]
     missing = [e.stage for e in estimates if e.unknown]
 
-    def add(field: str) -> float | None:
-        values = [getattr(e, field) for e in known if getattr(e, field) is not None]
+    def add(field: str, over: list[Estimate]) -> float | None:
+        values = [getattr(e, field) for e in over if getattr(e, field) is not None]
         return sum(values) if values else None
 
     basis = f"sum of {len(known)} of {len(estimates)} stages" + (f"; unknown: {', '.join(missing)}" if missing else "")
-    return Estimate("total", add("wall_hours"), add("gpu_hours"), add("cpu_core_hours"), basis,
+    on_path = known if critical is None else [e for e in known if e.stage in critical]
+    if critical is not None:
+        basis = f"wall: the critical path {' -> '.join(critical)}; GPU/core-h: {basis}"
+    return Estimate("total", add("wall_hours", on_path), add("gpu_hours", known), add("cpu_core_hours", known), basis,
                     "" if known else f"no stage could be estimated ({len(missing)} unknown)")
 
 

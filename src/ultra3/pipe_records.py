@@ -17,7 +17,7 @@ def pipes_dir() -> Path:
 
 
 def save(pipe_id: str, config: Path, steps: list[dict[str, str]]) -> None:
-    """`steps`: {id, stage, job} of each step submitted."""
+    """`steps`: {id, stage, job, after} of each step submitted, `after` the ids of the steps it waits for."""
     pipes_dir().mkdir(parents=True, exist_ok=True)
     body = {"id": pipe_id, "config": str(config), "submitted": time.time(), "steps": steps}
     target = pipes_dir() / f"{pipe_id}.json"
@@ -50,4 +50,7 @@ def _damage(pipe: object) -> str | None:
     if not isinstance(steps, list) or not all(
             isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("id", "stage", "job")) for s in steps):
         return "steps is not a list of {id, stage, job}"
+    after = [s.get("after", []) for s in steps]  # absent in the records of pipes submitted as chains
+    if not all(isinstance(a, list) and all(isinstance(v, str) for v in a) for a in after):
+        return "a step's after is not a list of step ids"
     return None

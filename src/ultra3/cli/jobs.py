@@ -138,13 +138,19 @@ def _pipe(ref: str) -> dict | None:
 
 
 def _pipe_status(pipe: dict) -> None:
+    """Each step with its job, what it waits for (a record of a pipe submitted as a chain does not say) and its
+    state."""
     steps = [(step, jobs.find(step["job"])) for step in pipe["steps"]]
     states = jobs.states([r for _, r in steps])
     print(f"pipe:      {pipe['id']} ({pipe['config']})")
+    waits = {step["id"]: f"after {', '.join(step['after'])}" if step["after"] else "-"
+             for step, _ in steps if "after" in step}
     width = max(len(step["id"]) for step, _ in steps)
+    after_width = max(map(len, waits.values()), default=0)
     for step, r in steps:
         st = states.get(r.id, records.State("UNKNOWN"))
-        print(f"  {step['id']:<{width}}  {r.id}  {st.label}")
+        after = f"{waits[step['id']]:<{after_width}}  " if step["id"] in waits else ""
+        print(f"  {step['id']:<{width}}  {r.id}  {after}{st.label}")
 
 
 def show_lineage(ref: str) -> None:

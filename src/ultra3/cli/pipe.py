@@ -1,22 +1,27 @@
-"""`ultra3 pipe`: stages chained into one submission, each input wired to the output of an earlier stage.
+"""`ultra3 pipe`: stages as one graph, each input wired to the output of an earlier stage.
 
-The whole chain is compiled and checked before anything is submitted. A stage whose config digest
-already completed for this profile is skipped and its artifacts reused (--force re-runs it). On Slurm
-every stage is submitted at once, each after the step before it and the steps whose outputs it reads
-(afterok; Slurm cancels it when one of those fails); elsewhere the stages run one after another and the
-pipe stops at the first failure.
+The whole pipe is compiled and checked before anything is submitted. A step waits only for the steps whose
+outputs it reads and those its `after:` names; a step whose config digest already completed for this profile,
+its outputs still there, is skipped and its artifacts reused (--force re-runs it). On Slurm every step is
+submitted at once, each after the steps it waits for (afterok; Slurm cancels it when one of those fails), so
+independent steps run side by side; elsewhere the steps run one at a time in an order of the graph. A failed
+step stops only the steps that wait for it, directly or through others.
 """
 
 from __future__ import annotations
 
 import secrets
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import artifacts, pipe_records
+from dataclasses import replace
+
+from .. import artifacts, pipe_graph, pipe_records
+from ..artifact_check import gone
 from ..artifacts import Source
 from ..compile import compile_job
 from ..job import Job, Options
@@ -38,15 +43,19 @@ class Entry:
     stage: Stage
     config: str
     overrides: dict[str, Any]  # flat, from the pipe config
+    after: tuple[str, ...] = ()  # the steps its `after:` names: waited for though no output of theirs is read
 
 
 @dataclass
 class Step:
     entry: Entry
-    job: Job | None  # None when its config has errors (the chain is then not submitted)
+    job: Job | None  # None when its config has errors (the pipe is then not submitted)
     reused: list[dict] = field(default_factory=list)  # the artifacts of an earlier identical run: skipped
+    again: str = ""  # why it runs although an identical run completed (its outputs are gone)
     job_id: str = ""
-    after: list["Step"] = field(default_factory=list)  # the steps it waits for
+    reads: list[str] = field(default_factory=list)  # the steps whose outputs it reads
+    after: list["Step"] = field(default_factory=list)  # the steps it waits for (those that run)
+    dropped: list[str] = field(default_factory=list)  # `after:` steps it does not wait for, and why
     outputs: dict[str, Source] = field(default_factory=dict)  # artifact kind -> what it makes (or made)
 
     @property
@@ -83,15 +92,27 @@ def load(name: str) -> tuple[Path, list[Entry]]:
     for step_id, spec in stages.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("stage"), str):
             raise UserError(f"{where} stages.{step_id}: needs `stage: <name>` (e.g. `stage: data prep sft`)")
-        _known(spec, ("stage", "config", "overrides"), f"{where} stages.{step_id}.")
+        _known(spec, ("stage", "config", "overrides", "after"), f"{where} stages.{step_id}.")
         stage = find_stage(spec["stage"])
         if stage is None:
             raise UserError(f"{where} stages.{step_id}.stage: no stage '{spec['stage']}'")
         overrides = spec.get("overrides") or {}
         if not isinstance(overrides, dict):
             raise UserError(f"{where} stages.{step_id}.overrides: must be a mapping of key: value")
-        entries.append(Entry(str(step_id), stage, str(spec.get("config") or "default"), flatten(overrides)))
+        entries.append(Entry(str(step_id), stage, str(spec.get("config") or "default"), flatten(overrides),
+                             _after(spec.get("after"), f"{where} stages.{step_id}.after", list(stages))))
     return path, entries
+
+
+def _after(value: object, where: str, ids: list[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where}: must be a list of step ids, e.g. after: [{ids[0]}]")
+    for name in value:
+        if name not in ids:
+            raise UserError(f"{where}: no step '{name}'; {suggest(name, ids).replace('known keys', 'the steps')}")
+    return tuple(value)
 
 
 def _known(table: dict, keys: tuple[str, ...], where: str) -> None:
@@ -127,8 +148,8 @@ def _split_overrides(tokens: list[str], entries: list[Entry]) -> dict[str, list[
 
 
 def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
-    """Compile every step, wired to the outputs of the ones before it; every error of every step, or the
-    chain ready to submit."""
+    """Compile every step, wired to the outputs of the ones before it, and draw the graph; every error of every
+    step, or the steps ready to submit, in an order of the graph."""
     path, entries = load(options.config)
     profile_errors: list[Finding] = []  # reported once, not once per step
     if options.run or options.batch:
@@ -136,17 +157,15 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
                                       "--run" if options.run else "--batch").errors
     before, chosen = _select(entries, options.start, options.stop)
     per_step = _split_overrides(options.overrides, entries)
-    made: dict[str, Source] = {}  # artifact kind -> the newest maker in the chain so far
-    made_as: dict[tuple[str, str], Source] = {}  # (kind, config) -> the same, for inputs of one config's output
+    made: dict[str, Source] = {}  # artifact kind -> the newest maker in the pipe so far
+    made_as: dict[tuple[str, str | None], Source] = {}  # (kind, config) -> the same, for an input of one config
     unmade: dict[str, str] = {}  # artifact kind -> the step that would make it but declares no output
     findings: list[Finding] = list(profile_errors)
-    steps: list[Step] = []
+    every: list[Step] = []
     for entry in before + chosen:
-        wired = {inp.key: src for inp in entry.stage.inputs for kind in reversed(inp.kinds)
-                 if (src := next((made_as[kind, c] for c in inp.configs if (kind, c) in made_as), None)
-                     if inp.configs else made.get(kind))}
+        offered = {**{(kind, None): src for kind, src in made.items()}, **made_as}
         stage_options = Options(config=entry.config, run=options.run, batch=options.batch, dry_run=options.dry_run,
-                                env_file=options.env_file, overrides=per_step[entry.id], wired=wired,
+                                env_file=options.env_file, overrides=per_step[entry.id], offered=offered,
                                 pipe_layer=Layer(f"{path.name} [{entry.id}]", entry.overrides))
         try:
             job = compile_job(entry.stage, stage_options)
@@ -161,19 +180,17 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
             job = None
         step = Step(entry, job)
         if job and (entry in before or not options.force):
-            step.reused = _completed(job, entry.stage)
+            step.reused, step.again = _completed(job)
         if entry in before and job and not step.reused:
-            findings.append(Finding("error", entry.id, f"--from {options.start}: this earlier step has no completed "
-                                                       "run of this config; start from it or leave --from out"))
+            why = f"this earlier step must run again ({step.again})" if step.again else \
+                "this earlier step has no completed run of this config"
+            findings.append(Finding("error", entry.id, f"--from {options.start}: {why}; start from it or leave "
+                                                       "--from out"))
         if job:
             findings += _unmade_inputs(entry, job, unmade, stage_options.pipe_layer.source)
+            step.reads = list(dict.fromkeys(src.step for src in job.sources if src and src.step))
         if job and not step.skipped:
             step.job_id = new_job_id(job)
-            # after the nearest earlier step that runs (the chain's order), and after every step whose
-            # output it consumes (a skipped step in between must not cut that edge)
-            running = [s for s in steps if not s.skipped and s.job]
-            consumed = {src.producer for src in job.sources if src and src.pending}
-            step.after = [s for s in running if s.job_id in consumed or s is running[-1]]
         step.outputs = _outputs(step)
         made.update(step.outputs)
         made_as.update({(kind, entry.config): src for kind, src in step.outputs.items()})
@@ -183,11 +200,44 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
             elif job:
                 unmade[kind] = entry.id
                 made.pop(kind, None)
-        if entry in chosen:
-            steps.append(step)
+        every.append(step)
+    waits = {s.entry.id: list(dict.fromkeys([*s.reads, *s.entry.after])) for s in every}
+    if loop := pipe_graph.cycle(waits):
+        findings.append(_cycle(loop, path, {s.entry.id: s for s in every}))
     if findings and any(f.level == "error" for f in findings):
         raise InvalidConfig([f for f in findings if f.level == "error"])
-    return path, steps
+    steps = every[len(before):]
+    _edges(steps, every, waits, options)
+    ids = pipe_graph.order([s.entry.id for s in steps], waits)
+    return path, sorted(steps, key=lambda s: ids.index(s.entry.id))
+
+
+def _cycle(loop: list[str], path: Path, by_id: dict[str, Step]) -> Finding:
+    """One line: the cycle, each edge said with why it is one, under the first `after:` that closes it."""
+    hops = list(zip(loop, loop[1:]))
+    said = ", ".join(f"{a} reads {b}'s output" if b in by_id[a].reads else f"{a} is after {b} (after:)"
+                     for a, b in hops)
+    first = next(a for a, b in hops if b in by_id[a].entry.after and b not in by_id[a].reads)
+    return Finding("error", f"{path.name} stages.{first}.after", f"{' -> '.join(loop)} is a cycle ({said}); remove "
+                                                                  "one of these after: entries")
+
+
+def _edges(steps: list[Step], every: list[Step], waits: dict[str, list[str]], options: PipeOptions) -> None:
+    """Each step that runs waits for the steps of `waits` that run too; an `after:` step that does not run is
+    dropped, with why."""
+    by_id = {s.entry.id: s for s in every}
+    chosen = {s.entry.id for s in steps}
+    for step in steps:
+        if step.skipped or not step.job:
+            continue
+        step.after = [s for s in every if s.entry.id in waits[step.entry.id] and s.entry.id in chosen
+                      and not s.skipped]
+        for name in step.entry.after:
+            other = by_id[name]
+            if other.skipped:
+                step.dropped.append(f"{name} (done by {other.reused[0].get('producer')})")
+            elif name not in chosen:
+                step.dropped.append(f"{name} (not selected: --to {options.stop})")
 
 
 def _unmade_inputs(entry: Entry, job: Job, unmade: dict[str, str], pipe_source: str) -> list[Finding]:
@@ -208,24 +258,29 @@ def _unmade(step: str, entry: Entry, key: str) -> str:
            f"or set {entry.id}.{key}"
 
 
-def _completed(job: Job, stage: Stage) -> list[dict]:
-
+def _completed(job: Job) -> tuple[list[dict], str]:
+    """(the artifacts of the newest completed job of this config digest, when they are all still there; why
+    they cannot be taken, when they are not)."""
     found = job.store.completed_with(job.digest, job.profile.name if job.profile else None)
     kinds = {o["kind"] for o in job.config["job"]["produces"]}
-    return found if kinds and kinds <= {m.get("type") for m in found} else []
+    if not kinds or not kinds <= {m.get("type") for m in found}:
+        return [], ""
+    why = gone(found, job.store.ssh)
+    return ([], why) if why else (found, "")
 
 
 def _outputs(step: Step) -> dict[str, Source]:
+    name = step.entry.id
     if step.reused:
-        return {m["type"]: artifacts.from_manifest(m) for m in step.reused}
+        return {m["type"]: replace(artifacts.from_manifest(m), step=name) for m in step.reused}
     if step.job is None:  # its errors are reported; later steps are checked against a stand-in
-        return {o.kind: Source(f"<{step.entry.id} {o.kind}>", f"from pipe step {step.entry.id}", pending=True)
+        return {o.kind: Source(f"<{name} {o.kind}>", f"from pipe step {name}", pending=True, step=name)
                 for o in step.entry.stage.outputs}
     from ..executors import executor
 
     job_dir = executor(step.job.executor).job_dir(step.job, step.job_id)
-    return {o["kind"]: Source(step.job.placed(o["path"], job_dir), f"from pipe step {step.entry.id} ({step.job_id})",
-                              step.job_id, o["name"], step.job.digest, pending=True)
+    return {o["kind"]: Source(step.job.placed(o["path"], job_dir), f"from pipe step {name} ({step.job_id})",
+                              step.job_id, o["name"], step.job.digest, pending=True, step=name)
             for o in step.job.config["job"]["produces"]}
 
 
@@ -251,14 +306,29 @@ def run_pipe(options: PipeOptions) -> None:
         if step.skipped:
             done = ", ".join(f"{m['name']}:v{m['version']}" for m in step.reused)
             print(f"{step.entry.id}: skipped, done by {step.reused[0].get('producer')} ({done})")
+        elif step.again:
+            print(f"{step.entry.id}: runs again: {step.again}")
     if not todo:
         print("every step already completed with this config; --force re-runs them")
         return
     pipe_id = f"pipe-{path.stem}_{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    records: dict[str, Any] = {}
     if chains:
-        _submit_chain(pipe_id, path, todo, options)
-    else:
-        _run_in_turn(pipe_id, path, todo)
+        _submit_all(pipe_id, path, todo, records)
+        if options.mode == "detached":
+            _next(pipe_id, records)
+            return
+    try:
+        _attend(pipe_id, path, todo, records, options, submit=not chains)
+    except KeyboardInterrupt:
+        if chains:
+            print(f"\ndetached; the jobs of {pipe_id} keep running, each after the steps it waits for",
+                  file=sys.stderr)
+            _next(pipe_id, records)
+        else:
+            print(f"\nstopped; started: {', '.join(records) or 'none'}. Re-run the same command to resume where it "
+                  "stopped", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
@@ -276,11 +346,10 @@ def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
     return record
 
 
-def _submit_chain(pipe_id: str, path: Path, todo: list[Step], options: PipeOptions) -> None:
-    from .. import jobs
+def _submit_all(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any]) -> None:
+    """Every step at once, each after the steps it waits for (`todo` is in an order of the graph)."""
     from ..executors import executor
 
-    records: dict[str, Any] = {}
     try:
         for step in todo:
             record = _submit(step, pipe_id, records)
@@ -290,51 +359,63 @@ def _submit_chain(pipe_id: str, path: Path, todo: list[Step], options: PipeOptio
             print(f"{step.entry.id}: submitted {record.id} ({where.where(record)}{waiting})", flush=True)
     finally:
         _save_pipe(pipe_id, path, todo, records)
-    if options.mode == "detached":
-        _next(pipe_id, records)
-        return
-    try:
-        for step in todo:
-            record = records[step.entry.id]
-            print(f"== {step.entry.id}: {record.id} ==", flush=True)
-            final = jobs.follow(record, sys.stdout)
-            if final.state != "COMPLETED":
-                _fail(step, record, final, [records[s.entry.id] for s in todo[todo.index(step) + 1:]])
-    except KeyboardInterrupt:
-        print(f"\ndetached; the jobs of {pipe_id} keep running in order", file=sys.stderr)
-        _next(pipe_id, records)
-        raise SystemExit(130) from None
-    print(f"{pipe_id} COMPLETED")
 
 
-def _run_in_turn(pipe_id: str, path: Path, todo: list[Step]) -> None:
+def _attend(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any], options: PipeOptions,
+            submit: bool) -> None:
+    """Follow each step in turn (submitting it first where nothing chains them); a failed step stops the steps
+    that wait for it, directly or through others (on Slurm, Slurm cancels them), and the others go on. Raises
+    JobFailed at the end, naming each failure and the steps it stopped."""
     from .. import jobs
 
-    records: dict[str, Any] = {}
-    try:
-        for step in todo:
-            record = _submit(step, pipe_id, records)
+    waits = {s.entry.id: [a.entry.id for a in s.after] for s in todo}
+    failed: list[tuple[Step, Any, Any]] = []
+    lost: dict[str, str] = {}  # step id -> the failed step it waits for
+    for step in todo:
+        name = step.entry.id
+        if name in lost:
+            what = _wait_terminal(records[name]) if name in records else "not run"
+            print(f"{name}: {what}: it waits for {lost[name]}, which failed", file=sys.stderr)
+            continue
+        if submit:
+            _submit(step, pipe_id, records)
             _save_pipe(pipe_id, path, todo, records)
-            print(f"== {step.entry.id}: {record.id} ==", flush=True)
-            final = jobs.follow(record, sys.stdout)
-            if final.state != "COMPLETED":
-                _fail(step, record, final, [])
-    except KeyboardInterrupt:
-        done = ", ".join(records) or "none"
-        print(f"\nstopped; started: {done}. Re-run the same command to resume where it stopped", file=sys.stderr)
-        raise SystemExit(130) from None
+        record = records[name]
+        print(f"== {name}: {record.id} ==", flush=True)
+        final = jobs.follow(record, sys.stdout)
+        if final.state != "COMPLETED":
+            print(f"{name}: {record.id} {final.state}", file=sys.stderr)
+            failed.append((step, record, final))
+            for later in pipe_graph.dependents(name, waits):
+                lost.setdefault(later, name)
+    if failed:
+        _fail(failed, lost, options, cancelled=not submit)
     print(f"{pipe_id} COMPLETED")
 
 
-def _fail(step: Step, record, final, rest: list) -> None:
+def _fail(failed: list, lost: dict[str, str], options: PipeOptions, cancelled: bool) -> None:
     from .. import jobs
 
-    reason = final.reason or jobs.failure_reason(record)
-    for later in rest:  # Slurm cancels them (kill-on-invalid-dep); report what it says
-        print(f"{later.id}: {_wait_terminal(later)}", file=sys.stderr)
-    error = JobFailed(f"pipe step {step.entry.id} ({record.id}) {final.state}: {reason}")
-    error.exit_code = final.exit_code or 1
+    parts = []
+    for step, record, final in failed:
+        stopped = [name for name, cause in lost.items() if cause == step.entry.id]
+        reason = final.reason or jobs.failure_reason(record)
+        parts.append(f"pipe step {step.entry.id} ({record.id}) {final.state}: {reason}"
+                     + (f"; {'cancelled' if cancelled else 'not run'} because of it: {', '.join(stopped)}"
+                        if stopped else ""))
+    first = failed[0][0].entry.id
+    error = JobFailed(f"{'; '.join(parts)}. Fix it, then `{_command(options)}` again resumes (completed steps are "
+                      f"skipped), --from {first} starts at it, --force re-runs every step")
+    error.exit_code = failed[0][2].exit_code or 1
     raise error
+
+
+def _command(options: PipeOptions) -> str:
+    """The pipe's own command line, to run again: the same config, profile, selection and overrides."""
+    flags = [("-c", options.config), ("--run", options.run), ("--batch", options.batch),
+             ("--env-file", options.env_file), ("--from", options.start), ("--to", options.stop)]
+    return shlex.join(["ultra3", "pipe", *(x for flag, value in flags if value for x in (flag, value)),
+                       *options.overrides])
 
 
 def _wait_terminal(record, timeout: float = 60) -> str:
@@ -358,5 +439,6 @@ def _next(pipe_id: str, records: dict[str, Any]) -> None:
 
 def _save_pipe(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any]) -> None:
     if records:  # else nothing was submitted
-        pipe_records.save(pipe_id, path, [{"id": s.entry.id, "stage": s.entry.stage.name,
-                                           "job": records[s.entry.id].id} for s in todo if s.entry.id in records])
+        pipe_records.save(pipe_id, path, [{"id": s.entry.id, "stage": s.entry.stage.name, "job": records[s.entry.id].id,
+                                           "after": [a.entry.id for a in s.after]}
+                                          for s in todo if s.entry.id in records])

@@ -1,5 +1,6 @@
-"""`ultra3 pipe --dry-run`: the chain as it would be submitted: steps, their dependency edges, where
-every input comes from, each job's script and the chain's estimated cost. Nothing is written."""
+"""`ultra3 pipe --dry-run`: the pipe as it would be submitted: steps, the graph of what each waits for with its
+critical path, where every input comes from, each job's script and the pipe's estimated cost. Nothing is
+written."""
 
 from __future__ import annotations
 
@@ -7,20 +8,22 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from .. import pipe_graph
 from ..config import CLI_SOURCE
 
 
 def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> None:
     out = out or sys.stdout  # the stream of the moment, not the one at import
+    from ..cost import estimate
     from ..executors import executor
 
     first = next(s.job for s in steps if s.job)
     where = f"profile '{first.profile.name}' ({first.executor})" if first.profile else "local (this machine)"
     chains = executor(first.executor).chains
     out.write(f"ultra3 pipe: config {path.stem} ({path.name}), {where}, mode {options.mode}\n")
-    order = ("submitted at once, each after the step before it and those it reads from: afterok" if chains
-             else "run one after another, stopping at the first failure")
-    out.write(f"steps, in order ({order}):\n")
+    order = ("submitted at once, each after the steps it waits for: afterok; independent steps run side by side"
+             if chains else "run one at a time in this order")
+    out.write(f"steps ({order}; a step that fails stops only the steps that wait for it):\n")
     width = max(len(s.entry.id) for s in steps)
     for n, step in enumerate(steps, 1):
         job = step.job
@@ -29,8 +32,8 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
             done = ", ".join(f"{m['name']}:v{m['version']}" for m in step.reused)
             state = f"skip: done by {step.reused[0].get('producer')} ({done}); --force re-runs it"
         else:
-            state = f"run as {step.job_id}" + (f", after {', '.join(s.entry.id for s in step.after)}"
-                                               if step.after else "")
+            state = (f"runs again: {step.again}; " if step.again else "") + f"run as {step.job_id}" + \
+                (f", after {', '.join(s.entry.id for s in step.after)}" if step.after else "")
         out.write(f"  {n}. {step.entry.id:<{width}}  {what}  [{state}]\n")
         inputs = {inp.key for inp in step.entry.stage.inputs}
         for key, src in sorted(job.origin.items()):  # what the pipe config and the command line set
@@ -42,7 +45,9 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
         for finding in job.report.findings:
             if finding.level != "note" or finding.key in {i.key for i in step.entry.stage.inputs}:
                 out.write(f"       {finding.line()}\n")
-    _cost(steps, out)
+    estimates = {s.entry.id: found for s in steps if not s.skipped and (found := estimate(s.job)) is not None}
+    critical = _graph(steps, estimates, width, out)
+    _cost(estimates, critical, out)
     for step in steps:
         if step.skipped:
             continue
@@ -53,16 +58,35 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
     out.write("\nDry run: nothing was written or submitted.\n")
 
 
-def _cost(steps: list, out: TextIO) -> None:
-    from ..cost import estimate, format_line, total
+def _graph(steps: list, estimates: dict, width: int, out: TextIO) -> list[str]:
+    """Each step with the steps it waits for (`(after:)` where it reads none of their outputs), `after:` steps
+    dropped and why, and the critical path by the estimated wall times, which it returns."""
+    todo = [s for s in steps if not s.skipped]
+    waits = {s.entry.id: [a.entry.id for a in s.after] for s in todo}
+    hours = {name: e.wall_hours or 0.0 for name, e in estimates.items() if not e.unknown}
+    critical = pipe_graph.critical_path(list(waits), waits, hours)
+    out.write("\n== graph (<- the steps each waits for; * on the critical path) ==\n")
+    for step in steps:
+        mark = "*" if step.entry.id in critical else " "
+        if step.skipped:
+            out.write(f"{mark} {step.entry.id:<{width}}  done, skipped\n")
+            continue
+        edges = [a.entry.id + ("" if a.entry.id in step.reads else " (after:)") for a in step.after]
+        dropped = [f"after: {d} dropped" for d in step.dropped]
+        line = "; ".join(filter(None, [f"<- {', '.join(edges)}" if edges else "", *dropped]))
+        out.write(f"{mark} {step.entry.id:<{width}}  {line}".rstrip() + "\n")
+    unknown = [s for s in critical if s not in hours]
+    out.write(f"critical path: {' -> '.join(critical)}"
+              + (f" (no estimate for {', '.join(unknown)})" if unknown else "") + "\n")
+    return critical
+
+
+def _cost(estimates: dict, critical: list[str], out: TextIO) -> None:
+    from ..cost import format_line, total
 
     out.write("\n== estimated cost ==\n")
-    estimates = []
-    for step in steps:
-        if step.skipped or (found := estimate(step.job)) is None:
-            continue
-        found.stage = step.entry.id
-        estimates.append(found)
+    for name, found in estimates.items():
+        found.stage = name
         out.write(format_line(found) + "\n")
     if estimates:
-        out.write(format_line(total(estimates)) + "\n")
+        out.write(format_line(total(list(estimates.values()), critical)) + "\n")
