@@ -46,14 +46,15 @@ def dependents(step: str, waits: Waits) -> list[str]:
 
 
 def critical_path(ids: list[str], waits: Waits, hours: dict[str, float]) -> list[str]:
-    """The chain of waits whose `hours` add up to the most (more steps on a tie): the wall time of the whole graph
-    when independent steps run side by side. `ids` in an order from `order`; a step without hours counts 0."""
-    best: dict[str, tuple[float, list[str]]] = {}
+    """The chain of waits that takes longest: the wall time of the whole graph when independent steps run side by
+    side. A step without `hours` may take any time, so the chain with the most of those comes first, then the one
+    whose hours add up to the most, then the one of more steps. `ids` in an order from `order`."""
+    best: dict[str, tuple[int, float, list[str]]] = {}
     for i in ids:
-        before = max((best[w] for w in waits.get(i, []) if w in best), key=_weight, default=(0.0, []))
-        best[i] = (before[0] + hours.get(i, 0.0), [*before[1], i])
-    return max(best.values(), key=_weight)[1] if best else []
+        unknown, total, path = max((best[w] for w in waits.get(i, []) if w in best), key=_weight, default=(0, 0.0, []))
+        best[i] = (unknown + (i not in hours), total + hours.get(i, 0.0), [*path, i])
+    return max(best.values(), key=_weight)[2] if best else []
 
 
-def _weight(entry: tuple[float, list[str]]) -> tuple[float, int]:
-    return entry[0], len(entry[1])
+def _weight(entry: tuple[int, float, list[str]]) -> tuple[int, float, int]:
+    return entry[0], entry[1], len(entry[2])

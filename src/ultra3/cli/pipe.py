@@ -55,7 +55,7 @@ class Step:
     job_id: str = ""
     reads: list[str] = field(default_factory=list)  # the steps whose outputs it reads
     after: list["Step"] = field(default_factory=list)  # the steps it waits for (those that run)
-    dropped: list[str] = field(default_factory=list)  # `after:` steps it does not wait for, and why
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # `after:` steps it does not wait for, and why
     outputs: dict[str, Source] = field(default_factory=dict)  # artifact kind -> what it makes (or made)
 
     @property
@@ -181,11 +181,6 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
         step = Step(entry, job)
         if job and (entry in before or not options.force):
             step.reused, step.again = _completed(job)
-        if entry in before and job and not step.reused:
-            why = f"this earlier step must run again ({step.again})" if step.again else \
-                "this earlier step has no completed run of this config"
-            findings.append(Finding("error", entry.id, f"--from {options.start}: {why}; start from it or leave "
-                                                       "--from out"))
         if job:
             findings += _unmade_inputs(entry, job, unmade, stage_options.pipe_layer.source)
             step.reads = list(dict.fromkeys(src.step for src in job.sources if src and src.step))
@@ -204,12 +199,23 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     waits = {s.entry.id: list(dict.fromkeys([*s.reads, *s.entry.after])) for s in every}
     if loop := pipe_graph.cycle(waits):
         findings.append(_cycle(loop, path, {s.entry.id: s for s in every}))
+    findings += _not_done(every[:len(before)], every[len(before):], waits, options.start)
     if findings and any(f.level == "error" for f in findings):
         raise InvalidConfig([f for f in findings if f.level == "error"])
     steps = every[len(before):]
     _edges(steps, every, waits, options)
     ids = pipe_graph.order([s.entry.id for s in steps], waits)
     return path, sorted(steps, key=lambda s: ids.index(s.entry.id))
+
+
+def _not_done(before: list[Step], chosen: list[Step], waits: dict[str, list[str]], start: str | None) -> list[Finding]:
+    """A step before --from that a chosen step waits for must have completed, its outputs still there."""
+    needed = {w for s in chosen for w in waits[s.entry.id]}
+    return [Finding("error", s.entry.id, f"--from {start}: "
+                                         + (f"this earlier step must run again ({s.again})" if s.again else
+                                            "this earlier step has no completed run of this config")
+                                         + "; start from it or leave --from out")
+            for s in before if s.job and not s.reused and s.entry.id in needed]
 
 
 def _cycle(loop: list[str], path: Path, by_id: dict[str, Step]) -> Finding:
@@ -233,11 +239,10 @@ def _edges(steps: list[Step], every: list[Step], waits: dict[str, list[str]], op
         step.after = [s for s in every if s.entry.id in waits[step.entry.id] and s.entry.id in chosen
                       and not s.skipped]
         for name in step.entry.after:
-            other = by_id[name]
-            if other.skipped:
-                step.dropped.append(f"{name} (done by {other.reused[0].get('producer')})")
-            elif name not in chosen:
-                step.dropped.append(f"{name} (not selected: --to {options.stop})")
+            if name not in by_id:
+                step.dropped.append((name, f"not selected: --to {options.stop}"))
+            elif by_id[name].skipped:
+                step.dropped.append((name, f"done by {by_id[name].reused[0].get('producer')}"))
 
 
 def _unmade_inputs(entry: Entry, job: Job, unmade: dict[str, str], pipe_source: str) -> list[Finding]:

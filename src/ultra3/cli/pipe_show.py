@@ -72,7 +72,7 @@ def _graph(steps: list, estimates: dict, width: int, out: TextIO) -> list[str]:
             out.write(f"{mark} {step.entry.id:<{width}}  done, skipped\n")
             continue
         edges = [a.entry.id + ("" if a.entry.id in step.reads else " (after:)") for a in step.after]
-        dropped = [f"after: {d} dropped" for d in step.dropped]
+        dropped = [f"after: {name} dropped ({why})" for name, why in step.dropped]
         line = "; ".join(filter(None, [f"<- {', '.join(edges)}" if edges else "", *dropped]))
         out.write(f"{mark} {step.entry.id:<{width}}  {line}".rstrip() + "\n")
     unknown = [s for s in critical if s not in hours]
