@@ -326,13 +326,43 @@ def describe(path: str) -> dict:
             info["parity"] = parity
     except (OSError, ValueError, AttributeError):
         pass
-    tracker = os.path.join(folder, CHECKPOINT_TRACKERS[1])  # the text one
-    if os.path.isfile(tracker):
-        with open(tracker) as f:
-            text = f.read().strip()
-        if text.isdigit():
-            info["iterations"] = int(text)
+    if (iteration := checkpoint_iteration(folder)) is not None:
+        info["iterations"] = iteration
     return info
+
+
+def checkpoint_iteration(folder: str | None) -> int | None:
+    """The newest iteration a Megatron-Bridge checkpoint directory holds: its text tracker's, else (a
+    latest_train_state.pt tracker only) its newest iter_NNNNNNN directory's; None without a tracker."""
+    if not folder or not any(os.path.isfile(os.path.join(folder, t)) for t in CHECKPOINT_TRACKERS):
+        return None
+    try:
+        text = read_small(os.path.join(folder, CHECKPOINT_TRACKERS[1])).strip()
+    except (OSError, ValueError):
+        text = ""
+    if text.isdigit():
+        return int(text)
+    steps = [int(n[5:]) for n in os.listdir(folder) if n.startswith("iter_") and n[5:].isdigit()]
+    return max(steps) if steps else None
+
+
+# -- pretraining phases ----------------------------------------------------------------------------
+def phase2_start(cfg: dict) -> int | None:
+    """The iteration a two-phase pretraining run switches to its phase-2 blend at: phase2.start_tokens over the
+    tokens of one iteration (model.seq_length x train.global_batch_size), rounded up; None without a phase 2."""
+    tokens = (cfg.get("phase2") or {}).get("start_tokens")
+    seq, gbs = (cfg.get("model") or {}).get("seq_length"), (cfg.get("train") or {}).get("global_batch_size")
+    if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) or not seq or not gbs:
+        return None
+    return -(-int(tokens) // (int(seq) * int(gbs)))
+
+
+def next_phase(cfg: dict) -> bool:
+    """Whether a run that just ended well has a phase still to run in this allocation: its checkpoint stands at
+    the phase-2 switch, short of train.train_iters (phase 1 trains up to the switch and saves there)."""
+    start = phase2_start(cfg)
+    saved = checkpoint_iteration((cfg.get("checkpoint") or {}).get("save"))
+    return start is not None and saved == start and start < int((cfg.get("train") or {}).get("train_iters") or 0)
 
 
 def sample_dir(output_dir: str, sample: int | None) -> str:

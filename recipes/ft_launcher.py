@@ -25,6 +25,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--module", required=True)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--round", default="", help="a later start in the same allocation: its own rendezvous")
     args = parser.parse_args()
     import yaml
 
@@ -34,7 +35,8 @@ def main() -> int:
     with contextlib.suppress(FileNotFoundError):
         os.remove(exit_file)
     head = os.environ.get(HEAD_NODE_VAR) or os.environ.get("MASTER_ADDR", "localhost")
-    argv = ft_launcher_argv(cfg["run"], sys.executable, head, cfg["job"]["id"], args.module, args.config)
+    argv = ft_launcher_argv(cfg["run"], sys.executable, head, "-".join(filter(None, (cfg["job"]["id"], args.round))),
+                            args.module, args.config)
     return run_child(argv, env={**os.environ, EXIT_FILE_VAR: exit_file}) or decided(exit_file)
 
 

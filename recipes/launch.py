@@ -28,10 +28,12 @@ def load(path: str) -> dict:
         return yaml.safe_load(f)
 
 
-def torchrun_argv(cfg: dict, module: str, config: str) -> list[str]:
+def torchrun_argv(cfg: dict, module: str, config: str, round_: str = "") -> list[str]:
+    """The command of this node's ranks; `round_` tells a later start in the same allocation (its own rendezvous)."""
     run, job = cfg["run"], cfg["job"]
     if (run.get("fault_tolerance") or {}).get("enabled"):  # ft_launcher, one rank too (recipes/ft_launcher.py)
-        return [sys.executable, "-m", "recipes.ft_launcher", "--module", module, "--config", config]
+        return [sys.executable, "-m", "recipes.ft_launcher", "--module", module, "--config", config,
+                *(["--round", round_] if round_ else [])]
     nodes, per_node = int(run.get("nodes") or 1), int(run.get("gpus_per_node") or 1)
     if nodes == per_node == 1:  # one rank: run it directly, so its own exit code and last line are the job's
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
@@ -43,7 +45,8 @@ def torchrun_argv(cfg: dict, module: str, config: str) -> list[str]:
     else:
         head = os.environ.get(HEAD_NODE_VAR) or os.environ.get("MASTER_ADDR", "localhost")
         argv += [f"--nnodes={nodes}", f"--node-rank={os.environ.get('SLURM_NODEID', '0')}",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{RDZV_PORT}", f"--rdzv-id={job['id']}"]
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{RDZV_PORT}",
+                 f"--rdzv-id={'-'.join(filter(None, (job['id'], round_)))}"]
     return [*argv, "--module", module, "--config", config]
 
 
@@ -87,7 +90,14 @@ def run_stage(cfg: dict, config: str, watch: attempts.Watch) -> int:
         argv = [sys.executable, "-m", job["recipe"], "--config", config]
     if job["launch"] == "ray" and nodes > 1:
         return ray_across_nodes(cfg, argv, watch.armed)
-    return run_child(argv, started=watch.armed)
+    code = run_child(argv, started=watch.armed)
+    if code == 0 and contract.next_phase(cfg):  # phase 1 saved at the switch: phase 2 follows in fresh processes
+        if watch.signalled:  # the time limit is near: the next allocation starts it
+            return CONTINUE_EXIT
+        print(f"ultra3: phase 1 ended at iteration {contract.phase2_start(cfg):,}; phase 2 starts in this allocation",
+              flush=True)
+        code = run_child(torchrun_argv(cfg, job["recipe"], config, "phase2"), started=watch.armed)
+    return code
 
 
 def publish(cfg: dict, seconds: float) -> int:

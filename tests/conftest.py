@@ -251,7 +251,8 @@ def free_ports(n: int) -> list[int]:
 
 # The inputs of the shipped training configs that no artifact store holds in a test: paths on a cluster
 # (for a Slurm profile, a path missing on this machine is a warning).
-INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"],
+INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json",
+                                    "phase2.blend_path=/lustre/data/phase2/blend.json"],
           ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft",
                                "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
           ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"],

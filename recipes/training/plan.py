@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract import CHECKPOINT_TRACKERS, pad_seq_to_mult
+from .phases import Phase, current, schedule_overrides
 from .resilience import ft_values
 
 ULTRA = "megatron.bridge.recipes.nemotronh.h100.nemotron_3_ultra"
@@ -32,8 +33,8 @@ SFT_DATASET = "megatron.bridge.data.builders.gpt_sft.GPTSFTDatasetConfig"
 PACKING_SPECS = "megatron.bridge.data.packing.config.PackedSequenceSpecs"
 
 # Our sections that are not Megatron-Bridge's, and our own keys of its `dataset` section
-NOT_MB = ("run", "recipe", "job", "cluster", "mixed_precision", "precision")
-OWN_DATASET_KEYS = ("blend_path", "packed_dir", "pack_size", "mock")
+NOT_MB = ("run", "recipe", "job", "cluster", "mixed_precision", "precision", "fork", "phase2")
+OWN_DATASET_KEYS = ("blend_path", "packed_dir", "pack_size", "mock", "data_config", "mix")
 # the config.json files of a hub model: the recipe needs the model config and the tokenizer, never weights
 HF_CONFIG_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.py"]
 
@@ -57,9 +58,11 @@ class Plan:
     model_source: str  # "local" (recipe.hf_model is a directory), "hub" or "keys" (config.json from our keys)
     hf_model: str | None
     hf_revision: str | None
-    blend_path: str | None  # per_split_data_args_path for the blend helper
+    blend_path: str | None  # per_split_data_args_path for the blend helper: the phase's blend
     dataset: Build | None  # replaces the recipe's dataset (SFT)
     overrides: list[str]
+    phase: Phase | None = None  # pretraining: the phase this start trains
+    mix: tuple[str, float] | None = None  # a blend sampled beside blend_path, and its share (dataset.mix)
 
 
 def make_plan(cfg: dict) -> Plan:
@@ -68,14 +71,20 @@ def make_plan(cfg: dict) -> Plan:
     hf_model = recipe.get("hf_model")
     source = "keys" if not hf_model else "local" if os.path.isdir(os.path.expanduser(hf_model)) else "hub"
     dataset = cfg.get("dataset") or {}
-    mock = bool(dataset.get("mock"))
+    values = override_values(cfg)
+    phase = current(cfg, values) if stage == "pretrain" else None
+    if phase:
+        values.update(schedule_overrides(cfg, values, phase))
+    mix = dataset.get("mix") or {}
     return Plan(
         recipe=RECIPES[stage], entry=ENTRY_POINTS[stage], model_source=source,
         hf_model=os.path.expanduser(hf_model) if source == "local" else hf_model,
         hf_revision=recipe.get("hf_revision"),
-        blend_path=None if mock or stage != "pretrain" else dataset.get("blend_path"),
+        blend_path=phase.blend_path if phase else None,
         dataset=sft_dataset(cfg) if stage == "sft" else None,
-        overrides=override_list(cfg),
+        overrides=[_override(key, value) for key, value in values.items()],
+        phase=phase,
+        mix=(mix["blend_path"], float(mix["share"])) if phase and phase.blend_path and mix.get("share") else None,
     )
 
 
@@ -140,7 +149,7 @@ def derived(cfg: dict, values: dict[str, Any]) -> dict[str, Any]:
     elif "checkpoint.save" in values and not save:
         # nothing saved: no resume from the recipe's default directory, and no async save (it needs a directory)
         out.update({k: v for k, v in (("checkpoint.load", None), ("checkpoint.async_save", False)) if k not in values})
-    if stage == "sft":
+    if stage == "sft" or (cfg.get("recipe") or {}).get("pretrained_checkpoint"):  # pretrain: the long-context phase
         out["checkpoint.pretrained_checkpoint"] = (cfg.get("recipe") or {}).get("pretrained_checkpoint")
     out.update(fork_resumed(cfg, values))
     out.update(ft_values(cfg, values))  # run.fault_tolerance: the ranks run under ft_launcher

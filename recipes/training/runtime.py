@@ -23,6 +23,7 @@ import yaml
 
 from ..contract import CONTINUE_EXIT, CONTINUE_SIGNAL, INPUT_ERROR_EXIT
 from ..ft_launcher import rank_exit
+from .blend_mix import BlendError, write_mixed
 from .hf_config import hf_config
 from .plan import (
     BLEND_HELPER,
@@ -71,8 +72,12 @@ def build_container(plan: Plan, cfg: dict):
     container = resolve(plan.recipe)()
     if plan.dataset is not None:
         container.dataset = construct(plan.dataset)
+    if plan.phase and plan.phase.of > 1:
+        print(f"ultra3: {plan.phase.line()}", flush=True)
     if plan.blend_path:
-        blend, per_split, split = resolve(BLEND_HELPER)(per_split_data_args_path=plan.blend_path)
+        path = write_mixed(plan.blend_path, plan.mix[0], plan.mix[1], cfg["job"]["dir"]) if plan.mix else \
+            plan.blend_path
+        blend, per_split, split = resolve(BLEND_HELPER)(per_split_data_args_path=path)
         container.dataset.blend, container.dataset.blend_per_split, container.dataset.split = blend, per_split, split
     for section, target in sections_to_make(plan.overrides).items():  # None in the recipe: no key can be set
         if getattr(container, section) is None:
@@ -96,9 +101,13 @@ def read_config(path: str, stage: str) -> dict:
 
 def check_inputs(plan: Plan) -> None:
     """What the Megatron-Bridge builders would fail on deep inside, said first."""
-    if plan.blend_path and not os.path.isfile(plan.blend_path):
-        raise TrainingInputError(f"dataset.blend_path {plan.blend_path} is not a file; give the blend.json that "
-                                 "`ultra3 data prep pretrain` wrote")
+    blends = {"phase2.blend_path" if plan.phase and plan.phase.number == 2 else "dataset.blend_path": plan.blend_path}
+    if plan.mix:
+        blends["dataset.mix.blend_path"] = plan.mix[0]
+    for key, path in blends.items():
+        if path and not os.path.isfile(path):
+            raise TrainingInputError(f"{key} {path} is not a file; give the blend.json that `ultra3 data prep "
+                                     "pretrain` wrote")
     root = plan.dataset.kwargs.get("dataset_root") if isinstance(plan.dataset, Build) else None
     if root and not os.path.isdir(os.path.join(root, "train")):
         raise TrainingInputError(f"dataset.packed_dir {root} has no train/ directory; give the output dir of "
@@ -114,7 +123,7 @@ def main(stage: str) -> None:
     with rank_exit():  # under ft_launcher: an exit no in-job restart may repeat is kept for the launcher
         try:
             train(stage, args.config)
-        except (TrainingInputError, PrecisionError) as e:
+        except (TrainingInputError, PrecisionError, BlendError) as e:
             print(f"ultra3 {stage}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
             raise SystemExit(INPUT_ERROR_EXIT) from None
 

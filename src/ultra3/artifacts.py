@@ -228,7 +228,9 @@ def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, 
     command = hint(inp, producers, profile, config)
     whose = _whose(profile)
     first = f"run `{command}` first, or " if command else ""
-    skip = f" (not needed when {inp.unless} is set)" if inp.unless else ""
+    skip = " (not needed when " + " or ".join([*([f"{inp.unless} is set"] if inp.unless else []),
+                                                *([f"{inp.when}=null"] if inp.when else [])]) + ")" \
+        if inp.unless or inp.when else ""
     return (f"no {' or '.join(inp.kinds)} artifact for {whose} in {store.root}: {stage.name} needs its {inp.name} "
             f"input; {first}set {inp.key}=PATH (or job:ID, NAME:latest){skip}")
 

@@ -73,6 +73,16 @@ TRAINING: Schema = {
     "env_vars": dict,
 }
 
+CONFIG_NAME = Text(r"[A-Za-z0-9][A-Za-z0-9._-]*", "a config name such as phase2")
+_BLEND = {"blend_path": str, "data_config": CONFIG_NAME}  # a blend.json, else the newest of that data prep config
+# Pretraining's own: the blend's data prep config, a second blend mixed in (the long-context phase's), and the
+# quality phase the run switches to at a token count (ultra3.validation.phases)
+PRETRAINING: Schema = {
+    **TRAINING,
+    "dataset": {**TRAINING["dataset"], "data_config": CONFIG_NAME, "mix": {**_BLEND, "share": float}},
+    "phase2": {**_BLEND, "start_tokens": (int, float)},
+}
+
 # One dataset of a data-prep blend: a local JSONL (.gz/.zst), Parquet, a glob of those, or hf://org/name.
 _DATASET: Schema = {"name": str, "path": str, "weight": float, "split": str, "subset": str, "revision": str}
 

@@ -55,6 +55,7 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
             out.write(source_line(inp.key, src) + "\n")
         else:
             why = f"{inp.unless} is set" if inp.unless and job.flat.get(inp.unless) else \
+                f"{inp.when} is null" if inp.when and job.flat.get(inp.when) in (None, "") else \
                 f"none yet, optional: {inp.optional_when} is set" if optional(inp, job.config) else "optional, unset"
             out.write(f"{inp.key}: not needed ({why})\n")
     if fork := job.config["job"].get("fork"):

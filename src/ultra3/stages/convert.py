@@ -135,11 +135,12 @@ def _checkpoint(cfg: dict, report) -> None:
     path = _local(cfg.get("megatron_checkpoint"))
     if not path or not os.path.isdir(path):
         return  # a missing path is the artifact resolver's error (ultra3.artifacts)
-    from ..contract import read_small
+    from ..contract import checkpoint_iteration, read_small
 
+    iteration = checkpoint_iteration(path)
     try:
-        run_config = read_small(os.path.join(_iteration_dir(path), "run_config.yaml"))
-    except (OSError, ValueError):
+        run_config = read_small(os.path.join(path, f"iter_{iteration:07d}", "run_config.yaml"))
+    except (OSError, ValueError, TypeError):  # TypeError: no tracker
         _refuse(cfg, "megatron_checkpoint", f"{cfg['megatron_checkpoint']} is not a Megatron-Bridge checkpoint "
                 f"(a tracker and an iter_NNNNNNN/ with its run_config.yaml)", "give the checkpoint.save dir "
                 "of a pretrain/sft job, or the output_dir of `ultra3 convert hf-to-megatron`", report)
@@ -154,21 +155,6 @@ def _checkpoint(cfg: dict, report) -> None:
         _refuse(cfg, "megatron_checkpoint", f"{cfg['megatron_checkpoint']} holds another model: "
                 f"{', '.join(differ[:3])}", "pick the config of the model it holds (-c), or set model.* to it",
                 report)
-
-
-def _iteration_dir(path: str) -> str:
-    """The iteration a checkpoint's text tracker names, else (a latest_train_state.pt tracker) its newest iter_*."""
-    from ..contract import CHECKPOINT_TRACKERS, read_small
-
-    if not any(os.path.isfile(os.path.join(path, t)) for t in CHECKPOINT_TRACKERS):
-        raise OSError("no tracker")
-    try:
-        return os.path.join(path, f"iter_{int(read_small(os.path.join(path, CHECKPOINT_TRACKERS[1])).strip()):07d}")
-    except OSError:
-        names = [n for n in os.listdir(path) if n.startswith("iter_") and n[5:].isdigit()]
-        if not names:
-            raise
-        return os.path.join(path, max(names, key=lambda n: int(n[5:])))
 
 
 def _shape(value: Any) -> Any:

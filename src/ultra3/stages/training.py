@@ -7,13 +7,21 @@ from ..stage import Flag, Input, Output, Parts, Stage
 CHECKS = ("python_version", "image", "training_packages", "kernels", "gpus", "inputs")
 
 
-def parts() -> Parts:
+def _parts(schema: str) -> Parts:
+    from .. import schema as schemas
     from ..cost import training, training_stop
     from ..fork import derive
-    from ..schema import TRAINING
     from ..validation import validate_training
 
-    return Parts(TRAINING, validate_training, training, derive=derive, stop_time=training_stop)
+    return Parts(getattr(schemas, schema), validate_training, training, derive=derive, stop_time=training_stop)
+
+
+def pretrain_parts() -> Parts:
+    return _parts("PRETRAINING")
+
+
+def sft_parts() -> Parts:
+    return _parts("TRAINING")
 
 
 FLAGS = (Flag("fork", str, "Start from another run's checkpoint: RUN (its newest) or RUN@ITERATION, with the "
@@ -22,13 +30,21 @@ FLAGS = (Flag("fork", str, "Start from another run's checkpoint: RUN (its newest
 
 PRETRAIN = Stage(
     ("pretrain",), "Pretrain Nemotron 3 Ultra with Megatron-Bridge (NVFP4 by default).", "pretrain", "pretrain",
-    "torchrun", CHECKS, parts,
-    inputs=(Input("data", "dataset.blend_path", ("pretrain-data",), unless="dataset.mock"),),
+    "torchrun", CHECKS, pretrain_parts,
+    # the blend of each phase: a path, else the newest of the data prep config its data_config names
+    inputs=(Input("data", "dataset.blend_path", ("pretrain-data",), unless="dataset.mock",
+                  config_key="dataset.data_config"),
+            Input("phase 2 data", "phase2.blend_path", ("pretrain-data",), unless="dataset.mock",
+                  when="phase2.start_tokens", config_key="phase2.data_config"),
+            Input("mixed-in data", "dataset.mix.blend_path", ("pretrain-data",), unless="dataset.mock",
+                  when="dataset.mix.share", config_key="dataset.mix.data_config")),
     outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
     flags=FLAGS,
     examples=(
         "ultra3 pretrain -c tiny --dry-run",
-        "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json",
+        "ultra3 pretrain --batch mycluster",
+        "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json phase2.start_tokens=null",
+        "ultra3 pretrain -c long_context --batch mycluster recipe.pretrained_checkpoint=job:ultra3-pretrain_2026",
         "ultra3 pretrain -c tiny --run mycluster train.train_iters=20",
         "ultra3 pretrain --batch mycluster --fork ultra3-pretrain_20261128-101500-abc123@600000 "
         "scheduler.lr_wsd_decay_iters=194728",
@@ -37,7 +53,7 @@ PRETRAIN = Stage(
 
 SFT = Stage(
     ("sft",), "Supervised fine-tuning on packed sequences with Megatron-Bridge.", "sft", "sft", "torchrun", CHECKS,
-    parts,
+    sft_parts,
     inputs=(Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), unless="checkpoint.load",
                   optional_when="recipe.allow_random_init"),
             Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),

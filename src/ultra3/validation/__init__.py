@@ -11,6 +11,7 @@ collect every finding (none stops at the first) and add derived facts and printa
 * precision    NVFP4/MXFP8 vs the GPU, NVFP4 pitfalls, FP32 gradient reduction with MTP, the BF16 layer set
 * topology     TP inside a node, the expert group inside the NVLink domain (HybridEP)
 * schedule     token budget, warmup/decay in iterations and tokens, LR schedule sanity
+* phases       a pretraining run's phase-2 switch inside the run, per-phase tokens and LR; a mixed-in blend's share
 * memory       parameter counts and a per-GPU memory estimate against the GPU's HBM
 * long_run     on Slurm: run.grace_s against the time limit and the stop time, a checkpoint dir, checkpoints kept
 * fault_tolerance  ft_launcher and the FT package, in-process restart, async save, the straggler detectors
@@ -25,10 +26,10 @@ from __future__ import annotations
 from ultra3.findings import Report
 from ultra3.training_inputs import check_hf_config
 
-from . import (batch, cluster, fault_tolerance, long_run, memory, parallelism, precision, schedule, sequence, topology,
-               values)
+from . import (batch, cluster, fault_tolerance, long_run, memory, parallelism, phases, precision, schedule, sequence,
+               topology, values)
 
-RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, memory, long_run,
+RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, phases, memory, long_run,
          fault_tolerance)
 
 __all__ = ["RULES", "validate_training"]
