@@ -96,13 +96,13 @@ def test_a_switch_outside_the_run_is_refused(cli_here, override, message):
 
 
 def test_an_unprepared_phase_blend_names_its_data_prep_command(cli_here, two_blends):
-    shown = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "dataset.mock=false", f"dataset.blend_path={two_blends[0]}")
+    phase1 = f"dataset.blend_path={two_blends[0]}"
+    shown = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "dataset.mock=false", phase1)
     assert shown.rc == 2
     assert "phase2.blend_path: no pretrain-data artifact for this machine" in shown.err
     assert "run `ultra3 data prep pretrain -c tiny_phase2` first" in shown.err
     assert "(not needed when dataset.mock is set or phase2.start_tokens=null)" in shown.err
-    one = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "dataset.mock=false", f"dataset.blend_path={two_blends[0]}",
-                   "phase2.start_tokens=null")
+    one = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "dataset.mock=false", phase1, "phase2.start_tokens=null")
     assert one.rc == 0 and "== phases ==" not in one.out, one.err
 
 
