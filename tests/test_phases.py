@@ -102,7 +102,7 @@ def test_an_unprepared_phase_blend_names_its_data_prep_command(cli_here, two_ble
     assert "phase2.blend_path: no pretrain-data artifact for this machine" in shown.err
     assert "run `ultra3 data prep pretrain -c tiny_phase2` first" in shown.err
     assert "(not needed when dataset.mock is set or phase2.start_tokens=null)" in shown.err
-    one = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "dataset.mock=false", phase1, "phase2.start_tokens=null")
+    one = cli_here("pretrain", "-c", "tiny_phases", "-d", "dataset.mock=false", phase1, "phase2.start_tokens=null")
     assert one.rc == 0 and "== phases ==" not in one.out, one.err
 
 
