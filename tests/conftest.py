@@ -253,6 +253,10 @@ def free_ports(n: int) -> list[int]:
 # (for a Slurm profile, a path missing on this machine is a warning).
 INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json",
                                     "phase2.blend_path=/lustre/data/phase2/blend.json"],
+          ("pretrain", "long_context"): ["dataset.blend_path=/lustre/data/long/blend.json",
+                                         "dataset.mix.blend_path=/lustre/data/phase2/blend.json",
+                                         "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
+          ("data prep pretrain", "long_context"): ["datasets=[{name: books, path: /lustre/corpus/books, weight: 1}]"],
           ("sft", "default"): ["dataset.packed_dir=/lustre/data/sft",
                                "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
           ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"],

@@ -156,3 +156,34 @@ def test_a_mixed_blend_gives_the_other_its_share_of_every_split(home):
     (home / "bad.json").write_text('{"train": [1.0]}')
     with pytest.raises(blend_mix.BlendError, match="not a per-split blend"):
         blend_mix.mix(own, str(home / "bad.json"), 0.5)
+
+
+def test_the_long_context_phase_at_1m_on_the_reports_layout(cli_here, gb200):
+    """From phase 2's checkpoint (weights only), 46% long documents + 54% phase 2, 1M context on CP32 TP8 EP128 PP2:
+    the dry run checks and sizes it right at 1M."""
+    shown = cli_here("pretrain", "-c", "long_context", "--batch", "gb200", "--dry-run",
+                     "dataset.blend_path=/lustre/data/long/blend.json",
+                     "dataset.mix.blend_path=/lustre/data/phase2/blend.json",
+                     "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain")
+    assert shown.rc == 0, shown.err
+    assert "TP · PP · CP  8 · 2 · 32 = 512" in shown.out and "DP            1" in shown.out
+    assert "tokens per iteration  25,165,824 (1,048,576 seq_length x 24 global batch)" in shown.out
+    assert "total tokens          32.99B" in shown.out and "2.5e-06 peak -> 2.5e-06 min" in shown.out
+    memory = shown.out.split("== memory ==\n", 1)[1].split("\n\n", 1)[0]
+    assert "32,768 tokens per CP rank" in memory and "per GPU of 186 GiB gb200 HBM" in memory
+    cfg = compiled(shown.out)
+    cfg["job"].update(dir="/jobs/lc", id="ultra3-pretrain_20261128-130000-cccccc")
+    p = plan.make_plan(cfg)
+    assert (p.phase.of, p.blend_path) == (1, "/lustre/data/long/blend.json")
+    assert p.mix == ("/lustre/data/phase2/blend.json", 0.54)
+    assert {"checkpoint.pretrained_checkpoint='/lustre/ckpt/pretrain'", "model.context_parallel_size=32",
+            "model.seq_length=1048576", "train.train_iters=1311"} <= set(p.overrides)
+
+
+def test_the_long_context_phase_takes_phase_2s_checkpoint_and_names_the_commands(cli_here, gb200):
+    shown = cli_here("pretrain", "-c", "long_context", "--batch", "gb200", "--dry-run")
+    assert shown.rc == 2
+    assert "run `ultra3 data prep pretrain -c long_context --batch gb200` first" in shown.err
+    assert "run `ultra3 data prep pretrain -c phase2 --batch gb200` first" in shown.err
+    assert "recipe.pretrained_checkpoint: no pretrain-checkpoint artifact for profile 'gb200'" in shown.err
+    assert "run `ultra3 pretrain --batch gb200` first" in shown.err

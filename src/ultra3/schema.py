@@ -79,6 +79,7 @@ _BLEND = {"blend_path": str, "data_config": CONFIG_NAME}  # a blend.json, else t
 # quality phase the run switches to at a token count (ultra3.validation.phases)
 PRETRAINING: Schema = {
     **TRAINING,
+    "recipe": {**TRAINING["recipe"], "start_from": CONFIG_NAME},  # the pretrain config whose checkpoint it starts from
     "dataset": {**TRAINING["dataset"], "data_config": CONFIG_NAME, "mix": {**_BLEND, "share": float}},
     "phase2": {**_BLEND, "start_tokens": (int, float)},
 }

@@ -37,7 +37,10 @@ PRETRAIN = Stage(
             Input("phase 2 data", "phase2.blend_path", ("pretrain-data",), unless="dataset.mock",
                   when="phase2.start_tokens", config_key="phase2.data_config"),
             Input("mixed-in data", "dataset.mix.blend_path", ("pretrain-data",), unless="dataset.mock",
-                  when="dataset.mix.share", config_key="dataset.mix.data_config")),
+                  when="dataset.mix.share", config_key="dataset.mix.data_config"),
+            # the long-context phase: weights from another pretrain config's checkpoint (phase 2's end)
+            Input("checkpoint", "recipe.pretrained_checkpoint", ("pretrain-checkpoint",), when="recipe.start_from",
+                  config_key="recipe.start_from")),
     outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
     flags=FLAGS,
     examples=(
