@@ -1,6 +1,7 @@
-"""`ultra3 pipe` on the real local Slurm cluster: every step submitted at once with real afterok edges,
-run in order, each consuming its upstream's output (read back from the artifact manifests); a failed
-step leaves the rest CANCELLED with the reason; a completed pipe re-runs as skips; a single stage finds
+"""`ultra3 pipe` on the real local Slurm cluster: every step submitted at once with real afterok edges only where
+a step reads another's output or names it in after:, so independent steps run side by side, each consuming its
+upstream's output (read back from the artifact manifests); a failed step leaves only what waits for it CANCELLED
+with the reason; a completed pipe re-runs as skips, except a step whose outputs were removed; a single stage finds
 its input in the store with its provenance."""
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from test_slurm_jobs import jobs, sacct_states, wait_state
 pytestmark = pytest.mark.slurm
 
 SUBMITTED = re.compile(r"^(\S+): submitted (\S+) \(Slurm job (\d+)(?:, after ([\d, ]+))?\)$", re.M)
-CPU_CHAIN = {"stages": {
+CPU_GRAPH = {"stages": {  # two steps that read nothing; quantize reads data-sft's output and waits for both
     "data-pretrain": {"stage": "data prep pretrain", "config": "tiny"},
     "data-sft": {"stage": "data prep sft", "config": "tiny"},
-    "quantize": {"stage": "quantize", "config": "tiny"},
+    "quantize": {"stage": "quantize", "config": "tiny", "after": ["data-pretrain"]},
 }}
 
 
@@ -38,7 +39,7 @@ def _cancel_leftovers(tmp_path):
 
 
 def submitted(out: str) -> dict[str, tuple[str, str, str | None]]:
-    """step -> (job id, Slurm id, the Slurm ids it waits for)."""
+    """step -> (job id, Slurm id, the Slurm ids it waits for, "" for none)."""
     return {m[0]: (m[1], m[2], m[3]) for m in SUBMITTED.findall(out)}
 
 
@@ -53,26 +54,50 @@ def store_manifests(root: Path) -> dict[str, dict]:
             for m in (json.loads(p.read_text()) for p in root.glob("*/v*/manifest.json"))}
 
 
-def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli, home, tmp_path):
+def spans(slurm_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Slurm id -> (Start, End) as sacct has them (ISO times: they sort as strings)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(slurm_ids), "-o", "JobID,Start,End"],
+                         capture_output=True, text=True).stdout
+    return {row.split("|")[0]: tuple(row.split("|")[1:3]) for row in out.split()}
+
+
+def test_independent_steps_run_side_by_side_and_a_dependent_one_after_both(slurm, cli, home, tmp_path):
+    """data-pretrain and data-sft read nothing: both start at once on the two nodes of `multi` (a setup sleep holds
+    each long enough to overlap); quantize reads data-sft's output and names data-pretrain in after:, so it starts
+    when both ended."""
+    from test_slurm_jobs import add_profile
+
+    add_profile("side", partition="multi", setup=["sleep 8"])
     pipe = tmp_path / "cpu.yaml"
-    pipe.write_text(yaml.safe_dump(CPU_CHAIN, sort_keys=False))
-    r = cli("pipe", "-c", str(pipe), "--batch", "ci")
+    pipe.write_text(yaml.safe_dump(CPU_GRAPH, sort_keys=False))
+    r = cli("pipe", "-c", str(pipe), "--batch", "side")
     assert r.rc == 0, r.out + r.err
     steps = submitted(r.out)
     assert list(steps) == ["data-pretrain", "data-sft", "quantize"], r.out
-    (first, s1, _), (second, s2, after2), (third, s3, after3) = steps.values()
-    assert (after2, after3) == (s1, s2)
-    # Slurm itself holds the order: the edges as the controller has them, while the chain is queued
-    assert dependency(s3).startswith(f"afterok:{s2}"), dependency(s3)
-    assert "nemotron jobs status pipe-cpu_" in r.out
+    (first, s1, after1), (second, s2, after2), (third, s3, after3) = steps.values()
+    assert (after1, after2) == ("", "") and sorted(after3.split(", ")) == sorted([s1, s2]), r.out
+    # the edges as the controller has them, while quantize is queued: afterok on both, on nothing else
+    assert sorted(re.findall(r"afterok:(\d+)", dependency(s3))) == sorted([s1, s2]), dependency(s3)
+    assert dependency(s1) == dependency(s2) == "(null)"
+    pipe_id = re.search(r"nemotron jobs status (pipe-cpu_\S+)", r.out).group(1)
 
     for job in (first, second, third):
         wait_state(cli, job, "COMPLETED", "FAILED", "CANCELLED", timeout=600)
     assert sacct_states([s1, s2, s3]) == {s1: "COMPLETED", s2: "COMPLETED", s3: "COMPLETED"}
-    times = subprocess.run(["sacct", "-X", "-n", "-P", "-j", f"{s1},{s2},{s3}", "-o", "JobID,Start,End"],
-                           capture_output=True, text=True).stdout.split()
-    spans = {row.split("|")[0]: row.split("|")[1:] for row in times}
-    assert spans[s1][1] <= spans[s2][0] and spans[s2][1] <= spans[s3][0], spans  # one after another
+    times = spans([s1, s2, s3])
+    assert times[s1][0] < times[s2][1] and times[s2][0] < times[s1][1], times  # side by side
+    assert times[s3][0] >= max(times[s1][1], times[s2][1]), times  # after both
+
+    status = jobs(cli, "status", pipe_id)
+    assert status.rc == 0, status.err
+    assert re.search(rf"^  quantize +{third}  after data-pretrain, data-sft  COMPLETED$", status.out, re.M), status.out
+    assert re.search(rf"^  data-sft +{second}  - +COMPLETED$", status.out, re.M), status.out
+    record = home / "pipes" / f"{pipe_id}.json"  # a record written before pipes were graphs: no `after`
+    old = json.loads(record.read_text())
+    old["steps"] = [{k: v for k, v in step.items() if k != "after"} for step in old["steps"]]
+    record.write_text(json.dumps(old))
+    status = jobs(cli, "status", pipe_id)
+    assert status.rc == 0 and re.search(rf"^  quantize +{third}  COMPLETED$", status.out, re.M), status.out
 
     job_dir = Path(re.search(r"^job dir:\s+(\S+)$", jobs(cli, "status", third).out, re.M).group(1))
     cfg = yaml.safe_load((job_dir / "quantize" / "code" / "config.yaml").read_text())
@@ -86,7 +111,7 @@ def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli,
 
     # the same pipe again: every step done with this config -> skipped, nothing submitted
     start = time.monotonic()
-    again = cli("pipe", "-c", str(pipe), "--batch", "ci")
+    again = cli("pipe", "-c", str(pipe), "--batch", "side")
     seconds = time.monotonic() - start
     assert again.rc == 0, again.err
     assert again.out.count(": skipped, done by ") == 3 and "every step already completed" in again.out, again.out
@@ -94,14 +119,11 @@ def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli,
     print(f"re-run of a completed 3-step pipe: {seconds:.2f} s")
 
     # a single stage, nothing set: the newest pretrain-data of this profile, with where it came from
-    dry = cli("pretrain", "-c", "tiny", "--batch", "ci", "dataset.mock=false", "--dry-run")
+    dry = cli("pretrain", "-c", "tiny", "--batch", "side", "dataset.mock=false", "--dry-run")
     assert dry.rc == 0, dry.err
     blend = manifests[(first, "pretrain-data")]
     assert re.search(rf"^dataset.blend_path = {re.escape(blend['path'])}  \(from {first} completed "
                      rf"\d{{4}}-\d\d-\d\d \d\d:\d\d, {blend['name']}:v{blend['version']}\)$", dry.out, re.M), dry.out
-    by_job = cli("pretrain", "-c", "tiny", "--batch", "ci", "dataset.mock=false", f"dataset.blend_path=job:{first}",
-                 "--dry-run")
-    assert by_job.rc == 0 and f"dataset.blend_path = {blend['path']}" in by_job.out, by_job.err
 
     lineage = jobs(cli, "lineage", third)
     assert lineage.rc == 0, lineage.err
@@ -109,23 +131,60 @@ def test_cpu_chain_runs_in_order_and_each_step_consumes_its_upstream(slurm, cli,
     assert f"produced {quantized['name']}:v{quantized['version']}" in lineage.out
 
 
-def test_a_failed_step_cancels_the_rest_with_the_reason(slurm, cli, home):
-    r = cli("pipe", "-c", "tiny", "--run", "ci")
+def test_a_step_whose_outputs_were_removed_runs_again(slurm, cli, home, tmp_path):
+    """data-sft completed, then its packed data was deleted: the next run does not take it as done (the dry run says
+    why) and runs it again; quantize, whose own output is still there, stays done."""
+    pipe = tmp_path / "two.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": {"data-sft": CPU_GRAPH["stages"]["data-sft"],
+                                               "quantize": {"stage": "quantize", "config": "tiny"}}}, sort_keys=False))
+    r = cli("pipe", "-c", str(pipe), "--run", "ci")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    sft_id = submitted(r.out)["data-sft"][0]
+    store = home / "nemorun" / "artifacts"
+    made = store_manifests(store)[(sft_id, "sft-data")]
+    shutil.rmtree(made["path"])
+
+    dry = cli("pipe", "-c", str(pipe), "--run", "ci", "--dry-run")
+    assert dry.rc == 0, dry.err
+    gone = f"its output {made['path']} recorded by {sft_id} is gone"
+    assert re.search(rf"^  1\. data-sft +ultra3 data prep sft -c tiny  \[runs again: {re.escape(gone)}; run as \S+\]$",
+                     dry.out, re.M), dry.out
+    assert re.search(r"^  2\. quantize +ultra3 quantize -c tiny  \[skip: done by ", dry.out, re.M), dry.out
+
+    again = cli("pipe", "-c", str(pipe), "--run", "ci")
+    assert again.rc == 0, again.out[-3000:] + again.err
+    assert f"data-sft: runs again: {gone}" in again.out
+    assert list(submitted(again.out)) == ["data-sft"] and "quantize: skipped, done by " in again.out, again.out
+    new_id, slurm_id, _ = submitted(again.out)["data-sft"]
+    assert sacct_states([slurm_id]) == {slurm_id: "COMPLETED"}
+    assert Path(store_manifests(store)[(new_id, "sft-data")]["path"], "metadata.json").is_file()  # made again
+
+
+def test_a_failed_branch_cancels_only_what_waits_for_it(slurm, cli, home, tmp_path):
+    """data-pretrain's tokenizer is not there at run time (the dry run only warns: the cluster may mount it), so it
+    fails; quantize, after it, is cancelled by Slurm; data-sft, independent, completes; the attached pipe follows
+    both branches, says which step was cancelled because of which, and exits non-zero naming how to resume."""
+    stages = {**CPU_GRAPH["stages"], "data-pretrain": {**CPU_GRAPH["stages"]["data-pretrain"],
+                                                        "overrides": {"tokenizer": "/nonexistent/tokenizer.json"}}}
+    pipe = tmp_path / "branch.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    dry = cli("pipe", "-c", str(pipe), "--run", "ci", "--dry-run")
+    assert dry.rc == 0 and "tokenizer: /nonexistent/tokenizer.json does not exist" in dry.out, dry.out + dry.err
+    r = cli("pipe", "-c", str(pipe), "--run", "ci")
     assert r.rc not in (0, 2), r.out + r.err  # the job's own failure, not bad input
     steps = submitted(r.out)
-    assert list(steps) == ["data-pretrain", "pretrain", "data-sft", "sft", "quantize"], r.out
-    assert re.search(r"pipe step pretrain \(\S+\) FAILED: PREFLIGHT FAILED on \S+: .*no NVIDIA GPU visible", r.err), \
-        r.err
-    states = sacct_states([s for _, s, _ in steps.values()])
     ids = [s for _, s, _ in steps.values()]
-    assert [states[i] for i in ids] == ["COMPLETED", "FAILED", "CANCELLED", "CANCELLED", "CANCELLED"], states
-    # sft waits for pretrain (its checkpoint) and data-sft (the step before): the failed one is the reason
-    upstream = {"data-sft": ("pretrain", "FAILED"), "sft": ("pretrain", "FAILED"),
-                "quantize": ("data-sft", "CANCELLED")}
-    for step, (before, state) in upstream.items():
-        st = wait_state(cli, steps[step][0], "CANCELLED", timeout=30)
-        assert st["upstream"] == f"upstream {steps[before][0]} {state}", st
-        assert f"CANCELLED (upstream {steps[before][0]} {state})" in r.err  # what the pipe said when it stopped
+    assert sacct_states(ids) == dict(zip(ids, ["FAILED", "COMPLETED", "CANCELLED"])), r.out + r.err
+    bad = steps["data-pretrain"][0]
+    assert f"== data-sft: {steps['data-sft'][0]} ==" in r.out  # followed after the failure
+    assert f"quantize: CANCELLED (upstream {bad} FAILED): it waits for data-pretrain, which failed" in r.err_lines, \
+        r.err
+    last = r.err_lines[-1]
+    assert re.fullmatch(rf"error: pipe step data-pretrain \({bad}\) FAILED: .*; cancelled because of it: quantize\. "
+                        rf"Fix it, then `ultra3 pipe -c {pipe} --run ci` again resumes \(completed steps are skipped\),"
+                        r" --from data-pretrain starts at it, --force re-runs every step", last), last
+    st = wait_state(cli, steps["quantize"][0], "CANCELLED", timeout=30)
+    assert st["upstream"] == f"upstream {bad} FAILED", st
     assert not (squeue_ids() & set(ids))  # nothing left PENDING
 
 
@@ -134,7 +193,7 @@ def test_cancel_a_pipe_by_its_id_cancels_every_step(slurm, cli, home, tmp_path):
 
     add_profile("slow", setup=["sleep 120"])
     pipe = tmp_path / "cpu.yaml"
-    pipe.write_text(yaml.safe_dump(CPU_CHAIN, sort_keys=False))
+    pipe.write_text(yaml.safe_dump(CPU_GRAPH, sort_keys=False))
     r = cli("pipe", "-c", str(pipe), "--batch", "slow")
     assert r.rc == 0, r.out + r.err
     pipe_id = re.search(r"nemotron jobs status (pipe-cpu_\S+)", r.out).group(1)
