@@ -187,3 +187,39 @@ def test_the_long_context_phase_takes_phase_2s_checkpoint_and_names_the_commands
     assert "run `ultra3 data prep pretrain -c phase2 --batch gb200` first" in shown.err
     assert "recipe.pretrained_checkpoint: no pretrain-checkpoint artifact for profile 'gb200'" in shown.err
     assert "run `ultra3 pretrain --batch gb200` first" in shown.err
+
+
+def test_the_default_pipe_is_the_report_run_with_both_phases(cli_here):
+    shown = cli_here("pipe", "--batch", "blackwell", "--dry-run")
+    assert shown.rc == 0, shown.err
+    assert "note: long-context: left out; set data-long-context.datasets=... to run it" in shown.err
+    graph = shown.out.split("== graph", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [" ".join(line.split()) for line in graph] == [
+        "* data-pretrain", "data-phase2", "* pretrain <- data-pretrain, data-phase2", "data-sft",
+        "* sft <- pretrain, data-sft", "* quantize <- data-sft, sft",
+        "critical path: data-pretrain -> pretrain -> sft -> quantize (no estimate for data-pretrain, quantize)"]
+    step = shown.out.split("3. pretrain", 1)[1].split("4. data-sft", 1)[0]
+    assert "phase 1  iterations 0-596,047: 15.00T tokens" in step and "phase 2  iterations 596,047-794,728" in step
+    assert "(phase2.data_config=phase2)" in step and "from pipe step data-phase2" in step
+
+
+def test_naming_a_long_document_corpus_adds_the_long_context_phase(cli_here):
+    shown = cli_here("pipe", "--batch", "blackwell", "--dry-run",
+                     "data-long-context.datasets=[{name: books, path: /lustre/books, weight: 1}]")
+    assert shown.rc == 0, shown.err
+    assert "left out" not in shown.err
+    graph = [" ".join(line.split()) for line in shown.out.split("== graph", 1)[1].split("\n\n", 1)[0].splitlines()]
+    assert "* long-context <- data-phase2, pretrain, data-long-context" in graph
+    assert "* sft <- long-context, data-sft" in graph  # SFT starts from the long-context checkpoint
+
+
+@pytest.mark.parametrize("when, message", [
+    ("data-sft", "stages.sft.when: must be STEP.KEY"),
+    ("nope.datasets", "stages.sft.when: no step 'nope'"),
+])
+def test_a_bad_when_is_refused_in_one_line(cli_here, tmp_path, when, message):
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": {"data-sft": {"stage": "data prep sft", "config": "tiny"},
+                                               "sft": {"stage": "sft", "config": "tiny", "when": when}}}))
+    shown = cli_here("pipe", "-c", str(pipe), "--dry-run")
+    assert shown.rc == 2 and message in shown.err and len(shown.err.strip().splitlines()) == 1, shown.err

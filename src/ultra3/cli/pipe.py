@@ -44,6 +44,7 @@ class Entry:
     config: str
     overrides: dict[str, Any]  # flat, from the pipe config
     after: tuple[str, ...] = ()  # the steps its `after:` names: waited for though no output of theirs is read
+    when: str | None = None  # STEP.KEY: in the pipe only when the pipe config or the command line sets that key
 
 
 @dataclass
@@ -92,7 +93,7 @@ def load(name: str) -> tuple[Path, list[Entry]]:
     for step_id, spec in stages.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("stage"), str):
             raise UserError(f"{where} stages.{step_id}: needs `stage: <name>` (e.g. `stage: data prep sft`)")
-        _known(spec, ("stage", "config", "overrides", "after"), f"{where} stages.{step_id}.")
+        _known(spec, ("stage", "config", "overrides", "after", "when"), f"{where} stages.{step_id}.")
         stage = find_stage(spec["stage"])
         if stage is None:
             raise UserError(f"{where} stages.{step_id}.stage: no stage '{spec['stage']}'")
@@ -100,8 +101,34 @@ def load(name: str) -> tuple[Path, list[Entry]]:
         if not isinstance(overrides, dict):
             raise UserError(f"{where} stages.{step_id}.overrides: must be a mapping of key: value")
         entries.append(Entry(str(step_id), stage, str(spec.get("config") or "default"), flatten(overrides),
-                             _after(spec.get("after"), f"{where} stages.{step_id}.after", list(stages))))
+                             _after(spec.get("after"), f"{where} stages.{step_id}.after", list(stages)),
+                             _when(spec.get("when"), f"{where} stages.{step_id}.when", list(stages))))
     return path, entries
+
+
+def _when(value: object, where: str, ids: list[str]) -> str | None:
+    if value is None:
+        return None
+    step, _, key = str(value).partition(".")
+    if not isinstance(value, str) or not key:
+        raise UserError(f"{where}: must be STEP.KEY, a key of a step that turns this one on, e.g. {ids[0]}.datasets")
+    if step not in ids:
+        raise UserError(f"{where}: no step '{step}'; {suggest(step, ids).replace('known keys', 'the steps')}")
+    return value
+
+
+def _wanted(entries: list[Entry], per_step: dict[str, list[str]]) -> list[Entry]:
+    """The steps whose `when:` key is set, by the pipe config or the command line; a note for each one left out."""
+    by_id = {e.id: e for e in entries}
+    kept = []
+    for entry in entries:
+        step, _, key = (entry.when or "").partition(".")
+        if entry.when and key not in by_id[step].overrides and \
+                not any(token.split("=", 1)[0] == key for token in per_step[step]):
+            print(f"note: {entry.id}: left out; set {entry.when}=... to run it", file=sys.stderr)
+            continue
+        kept.append(entry)
+    return kept
 
 
 def _after(value: object, where: str, ids: list[str]) -> tuple[str, ...]:
@@ -155,8 +182,8 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     if options.run or options.batch:
         profile_errors = load_profile(options.run or options.batch, options.env_file,
                                       "--run" if options.run else "--batch").errors
-    before, chosen = _select(entries, options.start, options.stop)
     per_step = _split_overrides(options.overrides, entries)
+    before, chosen = _select(_wanted(entries, per_step), options.start, options.stop)
     made: dict[str, Source] = {}  # artifact kind -> the newest maker in the pipe so far
     made_as: dict[tuple[str, str | None], Source] = {}  # (kind, config) -> the same, for an input of one config
     unmade: dict[str, str] = {}  # artifact kind -> the step that would make it but declares no output

@@ -11,6 +11,8 @@ from typing import TextIO
 from .. import pipe_graph
 from ..config import CLI_SOURCE
 
+STEP_TABLES = ("phases",)  # the dry-run tables a pipe shows under its step (a pretraining run's token accounting)
+
 
 def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> None:
     out = out or sys.stdout  # the stream of the moment, not the one at import
@@ -45,6 +47,9 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
         for finding in job.report.findings:
             if finding.level != "note" or finding.key in {i.key for i in step.entry.stage.inputs}:
                 out.write(f"       {finding.line()}\n")
+        rows = [row for name in STEP_TABLES for row in job.report.tables.get(name, [])]
+        for label, value in rows:
+            out.write(f"       {label:<{max(len(r[0]) for r in rows)}}  {value}\n")
     estimates = {s.entry.id: found for s in steps if not s.skipped and (found := estimate(s.job)) is not None}
     critical = _graph(steps, estimates, width, out)
     _cost(estimates, critical, out)
