@@ -97,6 +97,16 @@ def test_the_allocations_left_count_each_ones_start_up():
         "speed:     2.00 s/iteration; ETA 27 min of steps"]  # no seq_length: samples; no time limit: no count
 
 
+def test_a_run_in_phases_counts_to_the_runs_end_and_says_its_phase():
+    """Phase 1 logs its own end (iteration N/ 300): the run's train_iters is what is left, the phase is said."""
+    text = "".join(megatron(i, 300, 2.0) for i in range(1, 201))
+    (one,) = progress.parse(text)
+    lines = progress.status_lines([one], None, None, run=(1000, 300))
+    assert lines[0] == "progress:  iteration 200 of 1,000 (20.0%), 800 samples; phase 1 of 2 (phase 2 from " \
+                       "iteration 300)"
+    assert lines[2] == "speed:     2.00 s/iteration; ETA 27 min of steps"  # 800 iterations left, not 100
+
+
 def test_a_loss_spike_is_flagged_as_megatron_judges_it():
     losses = {i: 2.0 for i in range(1, 201)} | {7: float("nan"), 150: 25.0, 160: float("inf"), 170: -30.0}
     attempts = progress.parse("".join(megatron(i, 200, loss) for i, loss in losses.items()))

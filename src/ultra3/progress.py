@@ -177,19 +177,21 @@ def startup_seconds(attempts: list[Attempt]) -> float | None:
 
 
 def status_lines(attempts: list[Attempt], seq_length: int | None, time_limit_s: int | None,
-                 factor: float = SPIKY_LOSS_FACTOR) -> list[str]:
+                 factor: float = SPIKY_LOSS_FACTOR, run: tuple[int | None, int | None] = (None, None)) -> list[str]:
     """`nemotron jobs status`'s progress: iteration N of M, tokens, losses, speed, ETA (and the allocations still
-    needed, given the time limit); a data prep's shards; loss spikes."""
+    needed, given the time limit); a data prep's shards; loss spikes. `run`: the config's train.train_iters and
+    phase-2 switch (a run in phases logs each phase's own end as M)."""
     its = [it for a in attempts for it in a.iterations]
     if not its:
         shards = next((a.shards for a in reversed(attempts) if a.shards), None)
         return [f"progress:  shards {shards[0]:,} of {shards[1]:,}"] if shards else []
     last = its[-1]
-    done, total = last["iteration"], last["of"]
+    done, total = last["iteration"], max(last["of"], run[0] or 0)
     samples = last.get("consumed samples")
     tokens = f", {_count(samples * seq_length)} tokens" if samples and seq_length else \
         f", {samples:,.0f} samples" if samples else ""
-    lines = [f"progress:  iteration {done:,} of {total:,} ({100 * done / total:.1f}%){tokens}"]
+    phase = f"; phase {1 if done < run[1] else 2} of 2 (phase 2 from iteration {run[1]:,})" if run[1] else ""
+    lines = [f"progress:  iteration {done:,} of {total:,} ({100 * done / total:.1f}%){tokens}{phase}"]
     loss = f"lm loss {last['lm loss']:.4g}" if "lm loss" in last else ""
     validation = [v for a in attempts for v in a.validation if v["set"] != "test"]
     if validation:

@@ -75,6 +75,7 @@ def show_status(ref: str | None) -> None:
 
 def _progress(r: records.JobRecord) -> list[str]:
     """Where the run is, from its log: iterations, losses, speed and ETA; a data prep's shards."""
+    from ..contract import phase2_start
     from ..dotted import get
     from ..lineage import job_config
     from ..model_math import slurm_seconds
@@ -83,7 +84,8 @@ def _progress(r: records.JobRecord) -> list[str]:
     cfg = job_config(r)
     limit = slurm_seconds(str(get(cfg, "run.time") or "")) if r.executor == "slurm" else None
     factor = get(cfg, "rerun_state_machine.spiky_loss_factor") or progress.SPIKY_LOSS_FACTOR
-    return progress.status_lines(attempts, get(cfg, "model.seq_length"), limit, factor)
+    run = (get(cfg, "train.train_iters"), phase2_start(cfg))  # the whole run's end, its phase switch
+    return progress.status_lines(attempts, get(cfg, "model.seq_length"), limit, factor, run)
 
 
 def _attempt_table(tried: list[ledger.Attempt]) -> None:
@@ -160,6 +162,7 @@ def show_lineage(ref: str) -> None:
 
 
 def show_plot(ref: str | None, output: str | None) -> None:
+    from ..contract import phase2_start
     from ..dotted import get
     from ..lineage import job_config
     from ..plot import loss_png
