@@ -162,7 +162,6 @@ def show_lineage(ref: str) -> None:
 
 
 def show_plot(ref: str | None, output: str | None) -> None:
-    from ..contract import phase2_start
     from ..dotted import get
     from ..lineage import job_config
     from ..plot import loss_png
