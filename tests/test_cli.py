@@ -70,7 +70,9 @@ def test_nemotron_ultra3_help_lists_the_stages(cli):
 def test_stage_help_lists_configs_profiles_and_examples(cli, tmp_path):
     r = ok(cli("pretrain", "--help"))
     assert r.out.startswith("Usage: ultra3 pretrain [OPTIONS] [KEY=VALUE]...")
-    assert "Configs (-c): default, smoke, tiny\n" in r.out
+    assert "Configs (-c): default, long_context, smoke, tiny, tiny_phases\n" in r.out
+    assert "Input phase 2 data: phase2.blend_path <- pretrain-data (when phase2.start_tokens is set, unless " \
+           "dataset.mock)" in r.out
     assert (f"Profiles (--run/--batch): blackwell, ci, ci-cpu, hopper, workstation in {tmp_path / 'work' / 'env.toml'}"
             in r.out)
     examples = r.out.split("Examples:", 1)[1]
@@ -192,7 +194,8 @@ def test_config_path_outside_the_repo_with_defaults(cli, tmp_path):
     mine = tmp_path / "elsewhere" / "mine.yaml"
     mine.parent.mkdir()
     mine.write_text("# my variant of the stage's default\ndefaults: [default]\nlogger:\n  log_interval: 7\n")
-    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d", "dataset.blend_path=/data/blend.json"))
+    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d", "dataset.blend_path=/data/blend.json",
+               "phase2.blend_path=/data/phase2/blend.json"))
     assert r.out.startswith(f"ultra3 pretrain: config {mine} (mine.yaml), profile 'blackwell'")
     rows = provenance(r.out)
     assert rows["logger.log_interval"] == ("7", str(mine))

@@ -85,7 +85,9 @@ class StageCommand(TyperCommand):
         shown = dict.fromkeys(t for e in self.stage.examples for t in e.split()[1:] if "=" in t and t[0] != "-")
         lines.append(f"Overrides: dotted key=value, e.g. {' '.join([*list(shown)[:2], 'run.time=01:00:00'])}")
         for inp in self.stage.inputs:  # from the registry: what the stage consumes and makes
-            when = f" (unless {inp.unless})" if inp.unless else "" if inp.required else " (optional)"
+            when = " (" + ", ".join([*([f"when {inp.when} is set"] if inp.when else []),
+                                     *([f"unless {inp.unless}"] if inp.unless else [])]) + ")" \
+                if inp.unless or inp.when else "" if inp.required else " (optional)"
             lines.append(f"Input {inp.name}: {inp.key} <- {' or '.join(inp.kinds)}{when}")
         if self.stage.inputs:
             lines.append("  unset: the profile's newest artifact; else a path, job:ID or NAME:vN")

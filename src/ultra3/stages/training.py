@@ -47,7 +47,7 @@ PRETRAIN = Stage(
         "ultra3 pretrain -c tiny --dry-run",
         "ultra3 pretrain --batch mycluster",
         "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json phase2.start_tokens=null",
-        "ultra3 pretrain -c long_context --batch mycluster recipe.pretrained_checkpoint=job:ultra3-pretrain_2026",
+        "ultra3 pretrain -c long_context --batch gb200",
         "ultra3 pretrain -c tiny --run mycluster train.train_iters=20",
         "ultra3 pretrain --batch mycluster --fork ultra3-pretrain_20261128-101500-abc123@600000 "
         "scheduler.lr_wsd_decay_iters=194728",
