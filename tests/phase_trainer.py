@@ -17,7 +17,7 @@ with open(parser.parse_args().config) as f:
     cfg = yaml.safe_load(f)
 plan = make_plan(cfg)
 iters = next(int(o.split("=")[1]) for o in plan.overrides if o.startswith("train.train_iters="))
-decay = next(o for o in plan.overrides if o.startswith("scheduler.lr_decay_iters="))
+decay = next(o for o in plan.overrides if o.startswith("scheduler.max_steps="))
 print(f"trainer: {plan.phase.line()}; train.train_iters={iters} {decay}", flush=True)
 save = cfg["checkpoint"]["save"]
 os.makedirs(os.path.join(save, f"iter_{iters:07d}"), exist_ok=True)

@@ -89,6 +89,8 @@ def test_the_default_run_switches_where_the_wsd_decay_begins(cli_here):
                                   "phase2.start_tokens=null for one blend"),
     ("phase2.start_tokens=-5", "phase2.start_tokens: phase2.start_tokens=-5 must be a positive token count"),
     ("dataset.mix.share=1.5", "dataset.mix.share: 1.5 must be a fraction between 0 and 1"),
+    ("scheduler.lr_decay_iters=35", "scheduler.lr_decay_iters: 35: a run in phases decays over the whole run "
+                                    "(train.train_iters=40: Megatron-Bridge's scheduler.max_steps in both phases"),
 ])
 def test_a_switch_outside_the_run_is_refused(cli_here, override, message):
     shown = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", override)
@@ -110,7 +112,7 @@ def test_each_start_trains_the_phase_its_checkpoint_stands_in(tiny, two_blends):
     save = Path(tiny["checkpoint"]["save"])
     first = plan.make_plan(tiny)
     assert (first.phase.number, first.phase.last, first.blend_path) == (1, 30, two_blends[0])
-    assert {"train.train_iters=30", "scheduler.lr_decay_iters=40"} <= set(first.overrides)
+    assert {"train.train_iters=30", "scheduler.max_steps=40", "scheduler.lr_decay_iters=40"} <= set(first.overrides)
     assert not next_phase(tiny)
     for step in (20, 30):  # a save before the switch resumes phase 1; the save at the switch starts phase 2
         (save / f"iter_{step:07d}").mkdir(parents=True)
@@ -119,7 +121,7 @@ def test_each_start_trains_the_phase_its_checkpoint_stands_in(tiny, two_blends):
         assert next_phase(tiny) is (step == 30)
     second = plan.make_plan(tiny)
     assert (second.phase.first, second.phase.last, second.blend_path) == (30, 40, two_blends[1])
-    assert {"train.train_iters=40", "scheduler.lr_decay_iters=40", f"checkpoint.load='{save}'"} <= set(second.overrides)
+    assert {"train.train_iters=40", "scheduler.max_steps=40", f"checkpoint.load='{save}'"} <= set(second.overrides)
     (save / "latest_checkpointed_iteration.txt").write_text("40")
     assert not next_phase(tiny)  # done: nothing follows
 
@@ -138,9 +140,9 @@ def test_the_launcher_starts_phase_2_in_the_same_allocation(tiny, tmp_path):
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(("trainer:", "ultra3: phase", "published"))]
     blend_one, blend_two = tiny["dataset"]["blend_path"], tiny["phase2"]["blend_path"]
     assert lines[:3] == [
-        f"trainer: phase 1 of 2: iterations 0-30 on {blend_one}; train.train_iters=30 scheduler.lr_decay_iters=40",
+        f"trainer: phase 1 of 2: iterations 0-30 on {blend_one}; train.train_iters=30 scheduler.max_steps=40",
         "ultra3: phase 1 ended at iteration 30; phase 2 starts in this allocation",
-        f"trainer: phase 2 of 2: iterations 30-40 on {blend_two}; train.train_iters=40 scheduler.lr_decay_iters=40"]
+        f"trainer: phase 2 of 2: iterations 30-40 on {blend_two}; train.train_iters=40 scheduler.max_steps=40"]
     assert len(lines) == 4 and lines[3].startswith("published ultra3-pretrain-checkpoint-tiny_phases:v1")
     assert checkpoint_iteration(tiny["checkpoint"]["save"]) == 40
 

@@ -1,6 +1,6 @@
 """A pretraining run in phases (phase2.start_tokens): phase 1 trains on dataset.blend_path up to the switch iteration
 and saves there; phase 2 goes on from that checkpoint on phase2.blend_path to train.train_iters. The optimizer, the
-LR schedule (decayed over the whole run: lr_decay_iters defaults to train.train_iters, never a phase's end) and the
+LR schedule (the whole run's in both phases: Megatron-Bridge's scheduler.max_steps, never a phase's end) and the
 consumed samples are carried on as in any resume, so the run is one schedule over two blends. Which phase a start
 runs is read from the checkpoint it resumes (recipes/launch.py starts phase 2 once phase 1 has saved). Pure Python."""
 
@@ -44,10 +44,10 @@ def current(cfg: dict, values: dict[str, Any]) -> Phase:
     return Phase(1, 2, 0, start, blend)
 
 
-def schedule_overrides(cfg: dict, values: dict[str, Any], phase: Phase) -> dict[str, Any]:
-    """The phase's end as train.train_iters, and the LR decay pinned to the whole run's."""
+def schedule_overrides(cfg: dict, phase: Phase) -> dict[str, Any]:
+    """The phase's end as train.train_iters, and the whole run's as Megatron-Bridge's scheduler.max_steps: the LR
+    and weight-decay schedules (and the scheduler state phase 2 loads, which Megatron-Core checks against its own)
+    are the whole run's in both phases."""
     if phase.of == 1:
         return {}
-    total = int((cfg.get("train") or {}).get("train_iters") or 0)
-    decay = values.get("scheduler.lr_decay_iters") or total
-    return {"train.train_iters": phase.last, "scheduler.lr_decay_iters": decay}
+    return {"train.train_iters": phase.last, "scheduler.max_steps": int((cfg.get("train") or {})["train_iters"])}

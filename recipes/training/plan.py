@@ -74,7 +74,7 @@ def make_plan(cfg: dict) -> Plan:
     values = override_values(cfg)
     phase = current(cfg, values) if stage == "pretrain" else None
     if phase:
-        values.update(schedule_overrides(cfg, values, phase))
+        values.update(schedule_overrides(cfg, phase))
     mix = dataset.get("mix") or {}
     return Plan(
         recipe=RECIPES[stage], entry=ENTRY_POINTS[stage], model_source=source,

@@ -12,6 +12,8 @@ from ..model_math import GBS, SEQ, fmt_count, pos_int
 
 START = "phase2.start_tokens"
 ITERS = "train.train_iters"
+DECAY = "scheduler.lr_decay_iters"
+MAX_STEPS = "scheduler.max_steps"
 
 
 def check(cfg: dict, report) -> None:
@@ -36,9 +38,11 @@ def check(cfg: dict, report) -> None:
                             f"{iters:,}, {fmt_count(iters * per_iter)} tokens); use fewer than "
                             f"{iters * per_iter:,}, or {START}=null for one blend", quoting=(ITERS, SEQ, GBS))
         return
-    if get(cfg, "scheduler.lr_decay_iters") is None:
-        report.note("scheduler.lr_decay_iters", f"unset: both phases decay over the whole run ({iters:,} iterations), "
-                                                "never to phase 1's end")
+    for key in (DECAY, MAX_STEPS):  # Megatron-Bridge's max_steps carries the run's schedule and sets lr_decay_iters
+        if get(cfg, key) not in (None, iters):
+            report.error(key, f"{get(cfg, key):,}: a run in phases decays over the whole run ({ITERS}={iters:,}: "
+                              f"Megatron-Bridge's {MAX_STEPS} in both phases, which sets {DECAY}); set {key}=null",
+                         quoting=(START, ITERS))
     if get(cfg, "dataset.mock"):
         report.note(START, "dataset.mock: both phases train on mock data; the switch at iteration "
                            f"{start:,} still runs (phase 2 from phase 1's checkpoint)")
