@@ -88,6 +88,8 @@ def test_the_default_run_switches_where_the_wsd_decay_begins(cli_here):
                                   "(train.train_iters=40, 81.92K tokens); use fewer than 81,920, or "
                                   "phase2.start_tokens=null for one blend"),
     ("phase2.start_tokens=-5", "phase2.start_tokens: phase2.start_tokens=-5 must be a positive token count"),
+    ("checkpoint.save=null", "phase2.start_tokens: phase 2 starts from the checkpoint phase 1 saves at the switch: "
+                             "set checkpoint.save"),
     ("dataset.mix.share=1.5", "dataset.mix.share: 1.5 must be a fraction between 0 and 1"),
     ("scheduler.lr_decay_iters=35", "scheduler.lr_decay_iters: 35: a run in phases decays over the whole run "
                                     "(train.train_iters=40: Megatron-Bridge's scheduler.max_steps in both phases"),

@@ -38,6 +38,9 @@ def check(cfg: dict, report) -> None:
                             f"{iters:,}, {fmt_count(iters * per_iter)} tokens); use fewer than "
                             f"{iters * per_iter:,}, or {START}=null for one blend", quoting=(ITERS, SEQ, GBS))
         return
+    if not get(cfg, "checkpoint.save"):
+        report.error(START, "phase 2 starts from the checkpoint phase 1 saves at the switch: set checkpoint.save "
+                            "(or phase2.start_tokens=null for one blend)", quoting=("checkpoint.save",))
     for key in (DECAY, MAX_STEPS):  # Megatron-Bridge's max_steps carries the run's schedule and sets lr_decay_iters
         if get(cfg, key) not in (None, iters):
             report.error(key, f"{get(cfg, key):,}: a run in phases decays over the whole run ({ITERS}={iters:,}: "
