@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ultra3 import progress  # Megatron-Bridge's log lines, read as `nemotron jobs status` reads them
 
-STEPS = ("pretrain", "resume", "sft", "quantize")
+STEPS = ("pretrain", "resume", "phases", "sft", "quantize")
 AUTOTUNED = re.compile(r"^finished after ([0-9.]+)s,")
 ACCURACY = re.compile(r"accuracy on (\d+) held-out tokens: relative logit error ([0-9.]+), top-1 agreement ([0-9.]+), "
                       r"perplexity ([0-9.]+) -> ([0-9.]+)")

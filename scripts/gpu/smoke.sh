@@ -4,6 +4,9 @@
 #   pretrain  pretrain -c tiny: 40 iterations on the blend of `ultra3 data prep pretrain -c tiny --run gpu-box`
 #             (the newest pretrain-data artifact), checkpoints at iterations 20 and 40
 #   resume    the same run with train.train_iters=60: it loads iteration 40 and trains 20 more
+#   phases    pretrain -c tiny_phases: the two-phase run, iterations 0-30 on the tiny blend and 30-40 on the
+#             tiny_phase2 blend (`ultra3 data prep pretrain -c tiny_phase2 --run gpu-box`), phase 2 started by the
+#             launcher in the same job from phase 1's checkpoint at iteration 30 (its own checkpoint dir)
 #   sft       sft -c tiny from that checkpoint on the packed data of `ultra3 data prep sft -c tiny --run gpu-box`
 #   quantize  quantize -c tiny of the SFT checkpoint (NVFP4 with ModelOpt) into a Hugging Face checkpoint
 #   convert   the round trip: convert hf-to-megatron -c tiny (a made tiny Hugging Face checkpoint into Megatron-Bridge),
@@ -11,20 +14,20 @@
 # The data preps run where Ray is (any CPU machine, `--run gpu-box` there too); carry their output dirs and
 # $NEMORUN_HOME/artifacts to the same paths here.
 #
-# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all five, in order; a failed step stops the rest,
+# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all six, in order; a failed step stops the rest,
 #        unless ULTRA3_SMOKE_KEEP_GOING=1)
 # Writes OUT/<step>.log, OUT/<step>.memory.csv (nvidia-smi memory.used, MiB, every 200 ms) and
 # OUT/versions.json, then prints benchmarks/gpu_smoke.py's table and writes OUT/loss.png. Triton prints each
 # autotuning it does (TRITON_PRINT_AUTOTUNING=1 unless set): the table sums them per step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|sft|quantize|convert ...]}
+out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|phases|sft|quantize|convert ...]}
 shift
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume sft quantize convert)
+[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume phases sft quantize convert)
 for step in "${steps[@]}"; do
-    case $step in pretrain | resume | sft | quantize | convert) ;; *)
-        echo "unknown step $step (pretrain, resume, sft, quantize, convert)" >&2; exit 2 ;;
+    case $step in pretrain | resume | phases | sft | quantize | convert) ;; *)
+        echo "unknown step $step (pretrain, resume, phases, sft, quantize, convert)" >&2; exit 2 ;;
     esac
 done
 
@@ -57,6 +60,8 @@ for step in "${steps[@]}"; do
     case $step in
         pretrain) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
         resume) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints" train.train_iters=60) ;;
+        phases) rm -rf "$checkpoints-phases"
+            argv=(pretrain -c tiny_phases dataset.mock=false "checkpoint.save=$checkpoints-phases") ;;
         sft) argv=(sft -c tiny dataset.mock=false) ;;
         quantize) argv=(quantize -c tiny make_checkpoint=false bf16_checkpoint=null run.gpus_per_node=1) ;;
         convert)
