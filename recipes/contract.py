@@ -350,9 +350,13 @@ def checkpoint_iteration(folder: str | None) -> int | None:
 def phase2_start(cfg: dict) -> int | None:
     """The iteration a two-phase pretraining run switches to its phase-2 blend at: phase2.start_tokens over the
     tokens of one iteration (model.seq_length x train.global_batch_size), rounded up; None without a phase 2."""
-    tokens = (cfg.get("phase2") or {}).get("start_tokens")
-    seq, gbs = (cfg.get("model") or {}).get("seq_length"), (cfg.get("train") or {}).get("global_batch_size")
-    if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) or not seq or not gbs:
+    def value(section: str, key: str) -> object:
+        table = cfg.get(section)
+        return table.get(key) if isinstance(table, dict) else None
+
+    tokens, seq = value("phase2", "start_tokens"), value("model", "seq_length")
+    gbs = value("train", "global_batch_size")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (tokens, seq, gbs)):
         return None
     return -(-int(tokens) // (int(seq) * int(gbs)))
 
@@ -361,8 +365,8 @@ def next_phase(cfg: dict) -> bool:
     """Whether a run that just ended well has a phase still to run in this allocation: its checkpoint stands at
     the phase-2 switch, short of train.train_iters (phase 1 trains up to the switch and saves there)."""
     start = phase2_start(cfg)
-    saved = checkpoint_iteration((cfg.get("checkpoint") or {}).get("save"))
-    return start is not None and saved == start and start < int((cfg.get("train") or {}).get("train_iters") or 0)
+    saved = checkpoint_iteration(cfg["checkpoint"].get("save")) if start else None
+    return start is not None and saved == start and start < int(cfg["train"].get("train_iters") or 0)
 
 
 def sample_dir(output_dir: str, sample: int | None) -> str:

@@ -92,7 +92,8 @@ CASES = [
     # -- configs ---------------------------------------------------------------------------------------
     Case("config-missing-name", ["pretrain", "-c"], [r"Option '-c' requires an argument\.$"]),
     Case("config-unknown-name-eq", ["pretrain", "--config=nope", "-d"],
-         [r"--config: no config 'nope' for this stage; choose one of: default, smoke, tiny, or give a path$"]),
+         [r"--config: no config 'nope' for this stage; choose one of: default, long_context, smoke, tiny, tiny_phases, "
+          r"or give a path$"]),
     Case("config-unknown-name-before-stage", ["--config", "nope", "sft", "-d"],
          [r"--config: no config 'nope' for this stage; choose one of: default, tiny"]),
     # a Megatron-Bridge key not in its 0.6.x config classes (the schema comes from the recorded API)

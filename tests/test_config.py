@@ -36,7 +36,8 @@ def test_find_config_by_name_and_by_path(tmp_path):
     mine = write(tmp_path / "mine.yml", "train: {train_iters: 1}\n")
     assert find_config("pretrain", str(mine)) == mine
     with pytest.raises(UserError,
-                       match=r"--config: no config 'nope' for this stage; choose one of: default, smoke, tiny"):
+                       match=r"--config: no config 'nope' for this stage; choose one of: default, long_context, smoke, "
+                             r"tiny, tiny_phases"):
         find_config("pretrain", "nope")
     with pytest.raises(UserError, match=r"--config: no such file 'missing\.yaml'"):
         find_config("pretrain", "missing.yaml")

@@ -17,7 +17,8 @@ from ultra3.stages import STAGES
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "samples" / "tiny"
 STAGE = {s.name: s for s in STAGES}
-INPUTS = {"pretrain": ["dataset.blend_path=/lustre/data/blend.json"],
+INPUTS = {"pretrain": ["dataset.blend_path=/lustre/data/blend.json",
+                       "phase2.blend_path=/lustre/data/phase2/blend.json"],
           "sft": ["dataset.packed_dir=/lustre/data/sft", "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"]}
 ULTRA_TOKENS = 794_728 * 3_072 * 8_192  # train_iters x global_batch_size x seq_length of pretrain default: 20.0T
 

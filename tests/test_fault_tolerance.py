@@ -241,7 +241,8 @@ def test_the_dry_run_shows_the_ft_launcher_line_and_warns_of_what_would_misfire(
     assert f"each node runs   {' '.join(argv)}\n" in ok.out
     assert "warning: ft.simulated_fault_base_delay: 0: the fault comes at once, at every start" in ok.out
     short = cli_here("pretrain", "--dry-run", "--batch", "blackwell", "dataset.blend_path=/lustre/blend.json",
-                     "run.fault_tolerance.enabled=true", "run.fault_tolerance.step_timeout_s=5")
+                     "phase2.blend_path=/lustre/phase2/blend.json", "run.fault_tolerance.enabled=true",
+                     "run.fault_tolerance.step_timeout_s=5")
     assert short.rc == 0, short.err
     assert "warning: run.fault_tolerance.step_timeout_s: 5 s is shorter than a step, by the throughput model: ~" \
         in short.out

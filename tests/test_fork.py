@@ -119,10 +119,10 @@ def test_a_fork_trains_on_its_source_data_unless_given(cli_here, home, source):
     (data / "blend.json").write_text(json.dumps({"train": [1.0, str(data / "shard")]}))
     blend = str(data / "blend.json")
     make_source(cli_here, home, "ultra3-pretrain_20261128-111500-def456", "pretrain", "dataset.mock=false",
-                f"dataset.blend_path={blend}", f"phase2.blend_path={blend}")
+                f"dataset.blend_path={blend}")
     shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false", "--fork", "20261128-1115")
     assert shown.rc == 0, shown.err
-    assert compiled(shown.out)["dataset"]["blend_path"] == compiled(shown.out)["phase2"]["blend_path"] == blend
+    assert compiled(shown.out)["dataset"]["blend_path"] == blend
     assert f"dataset.blend_path = {blend}  (set in fork 20261128-1115 (command line): " \
            "ultra3-pretrain_20261128-111500-def456's input)" in shown.out
     assert "changed: nothing" in shown.out

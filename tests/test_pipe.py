@@ -57,9 +57,9 @@ def test_every_steps_errors_are_listed_and_nothing_is_written(cli, home):
 
 @pytest.mark.parametrize("args, message", [
     (["nosuch.key=1"], "error: nosuch.key=1: a pipe override is STEP.key=value with STEP one of data-pretrain, "
-                       "pretrain, data-sft, sft, quantize"),
-    (["--from", "nope"], "error: --from nope: no such step; the pipe's steps are data-pretrain, pretrain, "
-                         "data-sft, sft, quantize"),
+                       "data-phase2, pretrain, data-long-context, long-context, data-sft, sft, quantize"),
+    (["--from", "nope"], "error: --from nope: no such step; the pipe's steps are data-pretrain, data-phase2, "
+                         "pretrain, data-sft, sft, quantize"),
     (["--from", "sft", "--to", "pretrain"], "error: --to pretrain comes before --from sft"),
     (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, from_release, "
                      "post_training, tiny, or give a path"),

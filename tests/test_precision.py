@@ -39,7 +39,7 @@ from recipes.training.precision import (
 API = json.loads((Path(__file__).parent / "data" / "precision_api.json").read_text())
 PRESETS = set(megatron_api.mixed_precision_presets())
 NVFP4 = f"mixed_precision={ULTRA_PRESET}"
-BLEND = "dataset.blend_path=/lustre/data/blend.json"
+BLEND = ("dataset.blend_path=/lustre/data/blend.json", "phase2.blend_path=/lustre/data/phase2/blend.json")
 
 
 def compile_(stage: str, *overrides: str, config: str = "default", profile: str = "blackwell"):
@@ -56,7 +56,7 @@ def messages(report: Report, level: str, key: str) -> list[str]:
 
 
 def test_ultra_keeps_its_last_16_layers_in_bf16(home):
-    job = compile_("pretrain", BLEND)
+    job = compile_("pretrain", *BLEND)
     m = layer_map(job.config)
     assert len(m.symbols) == 108 and m.quantized.count(False) == 16
     assert m.quantized == [True] * 92 + [False] * 16
@@ -64,9 +64,9 @@ def test_ultra_keeps_its_last_16_layers_in_bf16(home):
     assert rows["layers 1-92"].startswith("NVFP4") and rows["layers 93-108"].startswith("BF16 (last 16")
     assert rows["layer precision"].startswith("4" * 92 + "B" * 16 + " ")
 
-    m = layer_map(compile_("pretrain", BLEND, "model.num_layers_at_start_in_bf16=2").config)
+    m = layer_map(compile_("pretrain", *BLEND, "model.num_layers_at_start_in_bf16=2").config)
     assert m.quantized.count(False) == 18 and m.quantized[:3] == [False, False, True]
-    m = layer_map(compile_("pretrain", BLEND, "model.first_last_layers_bf16=false").config)
+    m = layer_map(compile_("pretrain", *BLEND, "model.first_last_layers_bf16=false").config)
     assert m.quantized.count(False) == 0
 
 
@@ -88,7 +88,7 @@ def test_tiny_runs_bf16_and_its_pattern_maps_layer_by_layer(home):
 
 
 def test_module_table_follows_the_bf16_globs(home):
-    rows = dict(compile_("pretrain", BLEND).report.tables["precision by module"])
+    rows = dict(compile_("pretrain", *BLEND).report.tables["precision by module"])
     for kind in ("Mamba-2 out_proj", "attention QKV", "attention out", "latent projections", "MTP", "embedding",
                  "output layer"):
         assert rows[kind].startswith("BF16"), (kind, rows[kind])
@@ -96,19 +96,19 @@ def test_module_table_follows_the_bf16_globs(home):
         assert rows[kind].startswith("NVFP4  in 41 of the 48"), (kind, rows[kind])
     assert rows["router"].startswith("FP32")
 
-    job = compile_("pretrain", BLEND, "precision.bf16_modules=['*.mixer.out_proj']")
+    job = compile_("pretrain", *BLEND, "precision.bf16_modules=['*.mixer.out_proj']")
     rows = dict(job.report.tables["precision by module"])
     assert rows["Mamba-2 out_proj"].startswith("BF16") and rows["attention QKV"].startswith("NVFP4")
     assert rows["MTP"].startswith("NVFP4")
 
-    job = compile_("pretrain", BLEND, "precision.bf16_modules=[]")
+    job = compile_("pretrain", *BLEND, "precision.bf16_modules=[]")
     assert "Ultra tech report keeps them" in messages(job.report, "warning", "precision.bf16_modules")[0]
-    job = compile_("pretrain", BLEND, "precision.bf16_modules=['*.mixer.outproj']")
+    job = compile_("pretrain", *BLEND, "precision.bf16_modules=['*.mixer.outproj']")
     assert "'*.mixer.outproj' matches none" in messages(job.report, "warning", "precision.bf16_modules")[0]
 
 
 def test_module_table_skips_modules_the_model_lacks(home):
-    job = compile_("pretrain", BLEND, "model.moe_latent_size=null", "model.moe_shared_expert_intermediate_size=null")
+    job = compile_("pretrain", *BLEND, "model.moe_latent_size=null", "model.moe_shared_expert_intermediate_size=null")
     names = [name for name, _ in module_rows(job.config, layer_map(job.config))]
     assert "latent projections" not in names and "shared expert" not in names and "routed experts" in names
 
@@ -117,7 +117,7 @@ def test_module_table_skips_modules_the_model_lacks(home):
 
 
 def test_knobs_become_env_vars_of_the_job_and_its_sbatch_script(home):
-    job = compile_("pretrain", BLEND, "precision.stochastic_rounding=false")
+    job = compile_("pretrain", *BLEND, "precision.stochastic_rounding=false")
     env = job.config["run"]["env"]
     assert {k.env: env[k.env] for k in TE_KNOBS} == {"NVTE_NVFP4_DISABLE_RHT": "0",
                                                      "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "1",
@@ -141,7 +141,7 @@ def test_knobs_mean_nothing_without_nvfp4(home):
 
 def test_an_env_var_of_a_knob_set_by_hand_is_an_error(home):
     with pytest.raises(InvalidConfig) as e:
-        compile_("pretrain", BLEND, "run.env.NVTE_NVFP4_DISABLE_RHT=1")
+        compile_("pretrain", *BLEND, "run.env.NVTE_NVFP4_DISABLE_RHT=1")
     (finding,) = e.value.findings
     assert finding.key == "run.env.NVTE_NVFP4_DISABLE_RHT" and "precision.random_hadamard_transform" in finding.message
 
@@ -150,7 +150,7 @@ def test_an_env_var_of_a_knob_set_by_hand_is_an_error(home):
 
 
 def test_fp32_gradient_reduction_is_forced_with_mtp_when_no_layer_sets_it(home):
-    job = compile_("pretrain", BLEND)
+    job = compile_("pretrain", *BLEND)
     cfg = copy.deepcopy(job.config)
     del cfg["ddp"][GRAD_REDUCE.split(".")[1]]
     origin = {k: v for k, v in job.origin.items() if k != GRAD_REDUCE}
@@ -166,7 +166,7 @@ def test_fp32_gradient_reduction_is_forced_with_mtp_when_no_layer_sets_it(home):
 
 
 def test_explicit_bf16_gradient_reduction_with_mtp_stays_with_a_warning(home):
-    job = compile_("pretrain", BLEND, "ddp.grad_reduce_in_fp32=false")
+    job = compile_("pretrain", *BLEND, "ddp.grad_reduce_in_fp32=false")
     assert job.config["ddp"]["grad_reduce_in_fp32"] is False
     assert "~8T tokens" in messages(job.report, "warning", GRAD_REDUCE)[0]
     assert not messages(job.report, "note", GRAD_REDUCE)
@@ -184,7 +184,7 @@ def test_nvfp4_on_hopper_errors_naming_bf16_and_fp8(home):
 
 
 def test_runtime_uses_the_ultra_preset_or_composes_it(home):
-    cfg = compile_("pretrain", BLEND).with_job({"id": "x", "dir": "/tmp/x"})
+    cfg = compile_("pretrain", *BLEND).with_job({"id": "x", "dir": "/tmp/x"})
     d = decide(cfg, PRESETS, (10, 0))
     assert d.preset == ULTRA_PRESET and ULTRA_PRESET in PRESETS
     assert d.bf16_modules == tuple(cfg["precision"]["bf16_modules"])
@@ -210,7 +210,7 @@ def test_runtime_takes_the_bf16_path_for_tiny_and_refuses_nvfp4_on_hopper(home):
 
 
 def test_runtime_checks_the_knob_env_it_was_started_with(home):
-    cfg = compile_("pretrain", BLEND).with_job({"id": "x", "dir": "/tmp/x"})
+    cfg = compile_("pretrain", *BLEND).with_job({"id": "x", "dir": "/tmp/x"})
     env = {k.env: "0" for k in TE_KNOBS}
     assert "NVTE_NVFP4_DISABLE_RHT=0" in check_te_env(cfg, env)[0]
     with pytest.raises(PrecisionError, match="NVTE_NVFP4_DISABLE_RHT=None"):
@@ -254,7 +254,7 @@ def test_megatron_core_matches_the_recipe_as_the_dry_run_says(home):
     from megatron.core.quantization.quant_config import RecipeConfig
     from megatron.core.quantization.utils import get_quant_config_or_none
 
-    cfg = compile_("pretrain", BLEND).with_job({"id": "x", "dir": "/tmp/x"})
+    cfg = compile_("pretrain", *BLEND).with_job({"id": "x", "dir": "/tmp/x"})
     d = decide(cfg, PRESETS, (10, 0))
     recipe = RecipeConfig.from_config_dict(d.quant_recipe())
     for path in MODULE_PATHS:

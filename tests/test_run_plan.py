@@ -22,7 +22,7 @@ from ultra3.stages import STAGES
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_LOG = REPO / "benchmarks" / "gpu_smoke" / "pretrain.log"  # async saves: 203.44 and 106.39 ms (max across ranks)
 STAGE = {s.name: s for s in STAGES}
-BLEND = "dataset.blend_path=/lustre/data/blend.json"
+BLEND = ("dataset.blend_path=/lustre/data/blend.json", "phase2.blend_path=/lustre/data/phase2/blend.json")
 
 # The default pretrain config on the sample `blackwell` profile (96 nodes x 8 B200, run.time 04:00:00), NVFP4
 ITERS, GBS, SEQ, NODES, GPUS = 794_728, 3_072, 8_192, 96, 768
@@ -39,7 +39,7 @@ def job(stage: str, name: str, *overrides: str, profile: str | None = "blackwell
 
 def ultra() -> tuple[float, float, float]:
     """(seconds per step, seconds per save, checkpoint bytes) of the default pretrain config, from the formula."""
-    cfg = job("pretrain", "default", BLEND).config
+    cfg = job("pretrain", "default", *BLEND).config
     flops, _ = cost._training_flops(cfg, SEQ)
     assert flops == pytest.approx(1_281e12 / 3_552, rel=0.005)  # NVIDIA's 1,281 TFLOP/s at 3,552 tokens/s per GPU
     (params, _), _ = cost._quantize_params(cfg)
@@ -60,7 +60,7 @@ def plan(out: str) -> dict[str, str]:
 def test_the_stop_time_of_the_ultra_pretraining_is_one_step_one_save_and_the_exit(home):
     step, save, size = ultra()
     assert (round(step, 1), round(save, 1)) == (14.6, 81.7)
-    stop, basis = STAGE["pretrain"].parts().stop_time(job("pretrain", "default", BLEND).config)
+    stop, basis = STAGE["pretrain"].parts().stop_time(job("pretrain", "default", *BLEND).config)
     assert stop == math.ceil(step + save + MARGIN_S) == 127
     assert basis == "one step 15 s + one save 82 s (7.8 TB at 1 GB/s per node x 96, assumed) + 30 s to exit"
     assert STAGE["sft"].parts().stop_time is not None
@@ -91,7 +91,7 @@ def test_data_prep_stops_in_a_minute(cli_here):
 
 def test_the_plan_of_the_ultra_pretraining(cli_here):
     step, save, size = ultra()
-    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", BLEND)
+    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND)
     assert shown.rc == 0, shown.err
     rows = plan(shown.out)
     assert "#SBATCH --signal=USR1@127" in shown.out
@@ -125,7 +125,7 @@ def test_the_plan_of_the_ultra_pretraining(cli_here):
 
 def test_a_synchronous_save_a_stated_mtbf_and_the_newest_checkpoints_kept(cli_here):
     step, save, size = ultra()
-    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", BLEND, "checkpoint.async_save=false",
+    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND, "checkpoint.async_save=false",
                      "cluster.node_mtbf_hours=50000", "checkpoint.most_recent_k=3", "checkpoint.save_interval=2000")
     assert shown.rc == 0, shown.err
     rows = plan(shown.out)
@@ -196,7 +196,7 @@ def test_an_earlier_runs_log_and_manifest_give_the_save_and_the_step(home, cli_h
 # -- run.grace_s --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("words, extra", [(("pretrain",), (BLEND,)), (("data", "prep", "pretrain"), ("-c", "tiny"))])
+@pytest.mark.parametrize("words, extra", [(("pretrain",), BLEND), (("data", "prep", "pretrain"), ("-c", "tiny"))])
 def test_grace_at_the_time_limit_is_an_error(cli_here, words, extra):
     shown = cli_here(*words, *extra, "--dry-run", "--batch", "blackwell", "run.grace_s=14400")
     assert (shown.rc, shown.out) == (2, "")  # nothing shown or written: one line on stderr
@@ -206,13 +206,13 @@ def test_grace_at_the_time_limit_is_an_error(cli_here, words, extra):
 
 
 def test_grace_below_the_stop_time_is_a_warning_with_the_seconds_needed(cli_here):
-    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", BLEND, "run.grace_s=100")
+    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND, "run.grace_s=100")
     assert shown.rc == 0, shown.err
     assert "warning: run.grace_s: 100 s may be too short to save and stop: one step 15 s + one save 82 s" in shown.out
     assert "= 127 s; a stage still running then is requeued from its last save; give 127 or null" in shown.out
     assert "#SBATCH --signal=USR1@100" in shown.out
     assert plan(shown.out)["time-limit signal"] == ("--signal=USR1@100: SIGUSR1 100 s before run.time=04:00:00 "
                                                     "(run.grace_s=100)")
-    none = cli_here("pretrain", "--dry-run", "--batch", "blackwell", BLEND, "run.grace_s=0")
+    none = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND, "run.grace_s=0")
     assert "warning: run.grace_s: 0: no time-limit signal" in none.out and "--signal=" not in none.out
     assert plan(none.out)["time-limit signal"].startswith("none (run.grace_s=0)")

@@ -117,18 +117,20 @@ def _when(value: object, where: str, ids: list[str]) -> str | None:
     return value
 
 
-def _wanted(entries: list[Entry], per_step: dict[str, list[str]]) -> list[Entry]:
-    """The steps whose `when:` key is set, by the pipe config or the command line; a note for each one left out."""
+def _wanted(entries: list[Entry], per_step: dict[str, list[str]]) -> tuple[list[Entry], list[Entry]]:
+    """(the steps whose `when:` key the pipe config or the command line sets, or that have none; those left out)."""
     by_id = {e.id: e for e in entries}
-    kept = []
-    for entry in entries:
+
+    def wanted(entry: Entry) -> bool:
         step, _, key = (entry.when or "").partition(".")
-        if entry.when and key not in by_id[step].overrides and \
-                not any(token.split("=", 1)[0] == key for token in per_step[step]):
-            print(f"note: {entry.id}: left out; set {entry.when}=... to run it", file=sys.stderr)
-            continue
-        kept.append(entry)
-    return kept
+        return not entry.when or key in by_id[step].overrides or \
+            any(token.split("=", 1)[0] == key for token in per_step[step])
+
+    return [e for e in entries if wanted(e)], [e for e in entries if not wanted(e)]
+
+
+def left_out_lines(left: list[Entry]) -> list[str]:
+    return [f"{e.id}: left out; set {e.when}=... to run it" for e in left]
 
 
 def _after(value: object, where: str, ids: list[str]) -> tuple[str, ...]:
@@ -174,7 +176,7 @@ def _split_overrides(tokens: list[str], entries: list[Entry]) -> dict[str, list[
     return out
 
 
-def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
+def plan(options: PipeOptions) -> tuple[Path, list[Step], list[Entry]]:
     """Compile every step, wired to the outputs of the ones before it, and draw the graph; every error of every
     step, or the steps ready to submit, in an order of the graph."""
     path, entries = load(options.config)
@@ -183,7 +185,8 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
         profile_errors = load_profile(options.run or options.batch, options.env_file,
                                       "--run" if options.run else "--batch").errors
     per_step = _split_overrides(options.overrides, entries)
-    before, chosen = _select(_wanted(entries, per_step), options.start, options.stop)
+    wanted, left = _wanted(entries, per_step)
+    before, chosen = _select(wanted, options.start, options.stop)
     made: dict[str, Source] = {}  # artifact kind -> the newest maker in the pipe so far
     made_as: dict[tuple[str, str | None], Source] = {}  # (kind, config) -> the same, for an input of one config
     unmade: dict[str, str] = {}  # artifact kind -> the step that would make it but declares no output
@@ -232,7 +235,7 @@ def plan(options: PipeOptions) -> tuple[Path, list[Step]]:
     steps = every[len(before):]
     _edges(steps, every, waits, options)
     ids = pipe_graph.order([s.entry.id for s in steps], waits)
-    return path, sorted(steps, key=lambda s: ids.index(s.entry.id))
+    return path, sorted(steps, key=lambda s: ids.index(s.entry.id)), left
 
 
 def _not_done(before: list[Step], chosen: list[Step], waits: dict[str, list[str]], start: str | None) -> list[Finding]:
@@ -321,7 +324,7 @@ def _outputs(step: Step) -> dict[str, Source]:
 def run_pipe(options: PipeOptions) -> None:
     if options.run and options.batch:
         raise UserError("--run and --batch: choose one (--run follows the pipe, --batch returns after submitting)")
-    path, steps = plan(options)
+    path, steps, left = plan(options)
     todo = [s for s in steps if not s.skipped]
     from ..executors import executor
 
@@ -332,8 +335,10 @@ def run_pipe(options: PipeOptions) -> None:
     if options.dry_run:
         from .pipe_show import print_plan
 
-        print_plan(path, steps, options)
+        print_plan(path, steps, options, left_out_lines(left))
         return
+    for line in left_out_lines(left):
+        print(line)
     for step in steps:
         if step.skipped:
             done = ", ".join(f"{m['name']}:v{m['version']}" for m in step.reused)

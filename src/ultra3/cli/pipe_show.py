@@ -14,7 +14,7 @@ from ..config import CLI_SOURCE
 STEP_TABLES = ("phases",)  # the dry-run tables a pipe shows under its step (a pretraining run's token accounting)
 
 
-def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> None:
+def print_plan(path: Path, steps: list, options, left_out: list[str], out: TextIO | None = None) -> None:
     out = out or sys.stdout  # the stream of the moment, not the one at import
     from ..cost import estimate
     from ..executors import executor
@@ -50,6 +50,8 @@ def print_plan(path: Path, steps: list, options, out: TextIO | None = None) -> N
         rows = [row for name in STEP_TABLES for row in job.report.tables.get(name, [])]
         for label, value in rows:
             out.write(f"       {label:<{max(len(r[0]) for r in rows)}}  {value}\n")
+    for line in left_out:
+        out.write(f"  {line}\n")
     estimates = {s.entry.id: found for s in steps if not s.skipped and (found := estimate(s.job)) is not None}
     critical = _graph(steps, estimates, width, out)
     _cost(estimates, critical, out)
