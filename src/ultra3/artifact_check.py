@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from .artifacts import blend_problem
-from .contract import CHECKPOINT_TRACKERS
+from .contract import CHECKPOINT_TRACKERS, checkpoint_iteration
 from .errors import ClusterError
 from .ssh import run
 
@@ -37,13 +37,10 @@ def _problem(manifest: dict) -> str | None:
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     meta = manifest.get("metadata") or {}
     if meta.get("iterations") is not None:
-        tracker = os.path.join(folder, CHECKPOINT_TRACKERS[1])
-        try:
-            with open(tracker) as f:
-                newest = f.read().strip()
-        except OSError:
-            return f"has lost its checkpoint tracker {CHECKPOINT_TRACKERS[1]}"
-        if not newest.isdigit() or not os.path.isdir(os.path.join(folder, f"iter_{int(newest):07d}")):
+        newest = checkpoint_iteration(folder)
+        if newest is None:
+            return f"has lost its checkpoint tracker ({' or '.join(CHECKPOINT_TRACKERS)})"
+        if not os.path.isdir(os.path.join(folder, f"iter_{newest:07d}")):
             return f"has lost the checkpoint its tracker names (iteration {newest})"
     if meta.get("tokens") is not None and not any(os.path.isfile(os.path.join(folder, s)) for s in SUMMARIES):
         return f"has lost its summary ({' or '.join(SUMMARIES)})"
