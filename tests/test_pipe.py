@@ -111,7 +111,8 @@ def test_on_this_machine_a_failed_step_stops_only_what_waits_for_it(cli, home, t
     assert re.search(r"^input data: dataset.blend_path = \S+/sample-20/blend.json  \(from pipe step data ", r.out, re.M)
     assert re.search(r"error: pipe step pretrain \(\S+\) FAILED: PREFLIGHT FAILED on \S+: .*\. Fix it, then "
                      rf"`ultra3 pipe -c {pipe}` again resumes \(completed steps are skipped\), --from pretrain starts "
-                     r"at it, --force re-runs every step$", r.err), r.err
+                     r"at it, --force re-runs every step; `nemotron jobs status pipe-two_\S+` shows every step$",
+                     r.err), r.err
     assert "== data-sft" in r.out and re.search(r"^published ultra3-sft-data-tiny:v1 -> ", r.out, re.M), r.out[-3000:]
     again = cli("pipe", "-c", str(pipe))  # resumes where it stopped: the data steps are not redone
     assert again.rc == 3 and re.search(r"^data: skipped, done by ultra3-data-prep-pretrain_\S+ "
@@ -119,8 +120,9 @@ def test_on_this_machine_a_failed_step_stops_only_what_waits_for_it(cli, home, t
     assert re.search(r"^data-sft: skipped, done by ", again.out, re.M), again.out
 
 
-def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli, home, tmp_path):
-    """data-sft already done (its digest in the store): sft still waits for pretrain, whose checkpoint it reads."""
+def sft_data_done(tmp_path) -> Path:
+    """`data prep sft -c tiny` as completed on this machine: its packed dir and its artifact, published with the
+    config's digest (a pipe skips that step)."""
     from recipes.contract import artifact_name, publish
     from ultra3.compile import compile_job
     from ultra3.job import Options
@@ -134,12 +136,41 @@ def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli,
                                         "path": str(packed), "producer": "ultra3-data-prep-sft_20260101-000000-aaaaaa",
                                         "profile": None, "config_digest": done.digest, "config": "tiny",
                                         "stage": "data prep sft", "created_ts": 1.0, "inputs": [], "metadata": {}})
+    return packed
+
+
+def test_a_skipped_step_keeps_the_edge_to_the_step_whose_output_is_consumed(cli, home, tmp_path):
+    """data-sft already done (its digest in the store): sft still waits for pretrain, whose checkpoint it reads."""
+    packed = sft_data_done(tmp_path)
     r = cli("pipe", "-c", "tiny", "--dry-run")
     assert r.rc == 0, r.err
     assert re.search(r"^  3\. data-sft +ultra3 data prep sft -c tiny  \[skip: done by "
                      r"ultra3-data-prep-sft_20260101-000000-aaaaaa \(ultra3-sft-data-tiny:v1\)", r.out, re.M), r.out
     assert re.search(r"^  4\. sft +ultra3 sft -c tiny  \[run as \S+, after pretrain\]$", r.out, re.M), r.out
     assert f"dataset.packed_dir = {packed}  (from ultra3-data-prep-sft_20260101-000000-aaaaaa completed" in r.out
+
+
+def test_a_failed_local_pipe_names_its_id_and_status_shows_every_step(cli, home, tmp_path):
+    """pretrain stops in its preflight (no GPU here), data-sft is skipped (done), sft never starts: the pipe's id is
+    printed first and in the error, and `jobs status PIPE` lists all three steps, each with why."""
+    sft_data_done(tmp_path)
+    pipe = tmp_path / "three.yaml"
+    pipe.write_text(yaml.safe_dump({"stages": {"pretrain": {"stage": "pretrain", "config": "tiny"},
+                                               "data-sft": {"stage": "data prep sft", "config": "tiny"},
+                                               "sft": {"stage": "sft", "config": "tiny"}}}, sort_keys=False))
+    r = cli("pipe", "-c", str(pipe))
+    assert r.rc == 3, r.out + r.err
+    pipe_id = re.search(r"^pipe: (pipe-three_\S+)$", r.out, re.M).group(1)
+    assert r.err_lines[-1].startswith("error: pipe step pretrain (") and \
+        r.err_lines[-1].endswith(f"; `nemotron jobs status {pipe_id}` shows every step"), r.err
+    status = cli("jobs", "status", pipe_id, prog="nemotron")
+    assert status.rc == 0, status.err
+    rows = status.out.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == ["pretrain", "data-sft", "sft"], status.out
+    assert re.fullmatch(r"  pretrain  ultra3-pretrain_\S+ +- +FAILED", rows[0]), status.out
+    assert re.fullmatch(r"  data-sft  - +- +SKIPPED \(done by ultra3-data-prep-sft_20260101-000000-aaaaaa\)", rows[1])
+    assert re.fullmatch(r"  sft       - +after pretrain  NOT RUN \(waits for pretrain, which failed\)", rows[2])
+    assert len({row.rindex(" - ") for row in rows[:2]}) == 1, status.out  # the JOB column is as wide as its widest
 
 
 def test_a_step_that_declares_no_output_is_not_replaced_by_an_older_artifact(cli, home, tmp_path):

@@ -90,14 +90,14 @@ def test_independent_steps_run_side_by_side_and_a_dependent_one_after_both(slurm
 
     status = jobs(cli, "status", pipe_id)
     assert status.rc == 0, status.err
-    assert re.search(rf"^  quantize +{third}  after data-pretrain, data-sft  COMPLETED$", status.out, re.M), status.out
-    assert re.search(rf"^  data-sft +{second}  - +COMPLETED$", status.out, re.M), status.out
+    assert re.search(rf"^  quantize +{third} +after data-pretrain, data-sft  COMPLETED$", status.out, re.M), status.out
+    assert re.search(rf"^  data-sft +{second} +- +COMPLETED$", status.out, re.M), status.out
     record = home / "pipes" / f"{pipe_id}.json"  # a record written before pipes were graphs: no `after`
     old = json.loads(record.read_text())
     old["steps"] = [{k: v for k, v in step.items() if k != "after"} for step in old["steps"]]
     record.write_text(json.dumps(old))
     status = jobs(cli, "status", pipe_id)
-    assert status.rc == 0 and re.search(rf"^  quantize +{third}  COMPLETED$", status.out, re.M), status.out
+    assert status.rc == 0 and re.search(rf"^  quantize +{third} +COMPLETED$", status.out, re.M), status.out
 
     job_dir = Path(re.search(r"^job dir:\s+(\S+)$", jobs(cli, "status", third).out, re.M).group(1))
     cfg = yaml.safe_load((job_dir / "quantize" / "code" / "config.yaml").read_text())
@@ -182,7 +182,9 @@ def test_a_failed_branch_cancels_only_what_waits_for_it(slurm, cli, home, tmp_pa
     last = r.err_lines[-1]
     assert re.fullmatch(rf"error: pipe step data-pretrain \({bad}\) FAILED: .*; cancelled because of it: quantize\. "
                         rf"Fix it, then `ultra3 pipe -c {pipe} --run ci` again resumes \(completed steps are skipped\),"
-                        r" --from data-pretrain starts at it, --force re-runs every step", last), last
+                        r" --from data-pretrain starts at it, --force re-runs every step; `nemotron jobs status "
+                        r"pipe-branch_\S+` shows every step", last), last
+    assert re.search(r"^pipe: pipe-branch_\S+$", r.out, re.M), r.out
     st = wait_state(cli, steps["quantize"][0], "CANCELLED", timeout=30)
     assert st["upstream"] == f"upstream {bad} FAILED", st
     assert not (squeue_ids() & set(ids))  # nothing left PENDING

@@ -16,8 +16,9 @@ def pipes_dir() -> Path:
     return state_home() / "pipes"
 
 
-def save(pipe_id: str, config: Path, steps: list[dict[str, str]]) -> None:
-    """`steps`: {id, stage, job, after} of each step submitted, `after` the ids of the steps it waits for."""
+def save(pipe_id: str, config: Path, steps: list[dict]) -> None:
+    """`steps`: {id, stage, job, after} of every step of the pipe, `after` the ids of the steps it waits for; a step
+    with no job (`job` "") has its `state` (SKIPPED, WAITING, NOT RUN) and the `reason`."""
     pipes_dir().mkdir(parents=True, exist_ok=True)
     body = {"id": pipe_id, "config": str(config), "submitted": time.time(), "steps": steps}
     target = pipes_dir() / f"{pipe_id}.json"
@@ -50,6 +51,8 @@ def _damage(pipe: object) -> str | None:
     if not isinstance(steps, list) or not all(
             isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("id", "stage", "job")) for s in steps):
         return "steps is not a list of {id, stage, job}"
+    if not all(isinstance(s.get("state"), str) and isinstance(s.get("reason"), str) for s in steps if not s["job"]):
+        return "a step without a job has no state and reason"
     after = [s.get("after", []) for s in steps]  # absent in the records of pipes submitted as chains
     if not all(isinstance(a, list) and all(isinstance(v, str) for v in a) for a in after):
         return "a step's after is not a list of step ids"

@@ -120,6 +120,9 @@ def cancel_job(ref: str) -> None:
     if pipe := _pipe(ref):
         for step in pipe["steps"]:  # every step, even when one of them cannot be
             print(f"{step['id']}: ", end="")
+            if not step["job"]:
+                print(f"no job: {step['state']} ({step['reason']})")
+                continue
             try:
                 cancel_job(step["job"])
             except LauncherError as e:
@@ -141,18 +144,19 @@ def _pipe(ref: str) -> dict | None:
 
 def _pipe_status(pipe: dict) -> None:
     """Each step with its job, what it waits for (a record of a pipe submitted as a chain does not say) and its
-    state."""
-    steps = [(step, jobs.find(step["job"])) for step in pipe["steps"]]
-    states = jobs.states([r for _, r in steps])
+    state; a step without a job (skipped, not started yet, never run) with the record's state and why."""
+    steps = [(step, jobs.find(step["job"]) if step["job"] else None) for step in pipe["steps"]]
+    states = jobs.states([r for _, r in steps if r])
     print(f"pipe:      {pipe['id']} ({pipe['config']})")
     waits = {step["id"]: f"after {', '.join(step['after'])}" if step["after"] else "-"
              for step, _ in steps if "after" in step}
     width = max(len(step["id"]) for step, _ in steps)
+    job_width = max(len(step["job"] or "-") for step, _ in steps)
     after_width = max(map(len, waits.values()), default=0)
     for step, r in steps:
-        st = states.get(r.id, records.State("UNKNOWN"))
+        label = states.get(r.id, records.State("UNKNOWN")).label if r else f"{step['state']} ({step['reason']})"
         after = f"{waits[step['id']]:<{after_width}}  " if step["id"] in waits else ""
-        print(f"  {step['id']:<{width}}  {r.id}  {after}{st.label}")
+        print(f"  {step['id']:<{width}}  {step['job'] or '-':<{job_width}}  {after}{label}")
 
 
 def show_lineage(ref: str) -> None:
@@ -184,7 +188,7 @@ def show_goodput(ref: str) -> None:
     from ..lineage import job_config
 
     pipe = _pipe(ref)
-    found = [jobs.find(step["job"]) for step in pipe["steps"]] if pipe else [jobs.find(ref)]
+    found = [jobs.find(step["job"]) for step in pipe["steps"] if step["job"]] if pipe else [jobs.find(ref)]
     for r in found:
         runs = ledger.attempts(r)
         if not runs:

@@ -349,57 +349,81 @@ def run_pipe(options: PipeOptions) -> None:
         print("every step already completed with this config; --force re-runs them")
         return
     pipe_id = f"pipe-{path.stem}_{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    records: dict[str, Any] = {}
+    print(f"pipe: {pipe_id}", flush=True)
+    pipe = _Pipe(pipe_id, path, steps)
     if chains:
-        _submit_all(pipe_id, path, todo, records)
+        _submit_all(pipe, todo)
         if options.mode == "detached":
-            _next(pipe_id, records)
+            _next(pipe_id, pipe.records)
             return
     try:
-        _attend(pipe_id, path, todo, records, options, submit=not chains)
+        _attend(pipe, todo, options, submit=not chains)
     except KeyboardInterrupt:
         if chains:
             print(f"\ndetached; the jobs of {pipe_id} keep running, each after the steps it waits for",
                   file=sys.stderr)
-            _next(pipe_id, records)
+            _next(pipe_id, pipe.records)
         else:
-            print(f"\nstopped; started: {', '.join(records) or 'none'}. Re-run the same command to resume where it "
-                  "stopped", file=sys.stderr)
+            pipe.not_run([s for s in todo if s.entry.id not in pipe.records], "the pipe was stopped")
+            print(f"\nstopped; started: {', '.join(pipe.records) or 'none'}. Re-run the same command to resume where "
+                  f"it stopped; `nemotron jobs status {pipe_id}` shows every step", file=sys.stderr)
         raise SystemExit(130) from None
 
 
-def _submit(step: Step, pipe_id: str, records: dict[str, Any]):
+class _Pipe:
+    """One submission of a pipe: the jobs of its steps so far and its record, which holds every step (those
+    skipped, and those not started yet or never, with why)."""
+
+    def __init__(self, pipe_id: str, path: Path, steps: list[Step]) -> None:
+        self.id, self.path, self.steps = pipe_id, path, steps
+        self.records: dict[str, Any] = {}  # step id -> its job's record
+        self.held = {s.entry.id: ("SKIPPED", f"done by {s.reused[0].get('producer')}") if s.skipped else
+                     ("WAITING", "not submitted yet") for s in steps}
+
+    def not_run(self, steps: list[Step], why: str) -> None:
+        self.held.update({s.entry.id: ("NOT RUN", why) for s in steps})
+        self.save()
+
+    def save(self) -> None:
+        pipe_records.save(self.id, self.path, [
+            {"id": s.entry.id, "stage": s.entry.stage.name, "after": [a.entry.id for a in s.after],
+             **({"job": self.records[s.entry.id].id} if s.entry.id in self.records else
+                dict(zip(("job", "state", "reason"), ("", *self.held[s.entry.id]))))} for s in self.steps])
+
+
+def _submit(step: Step, pipe: _Pipe):
     from ..executors import executor
     from ..records import save
 
     for finding in step.job.report.findings:
         print(f"{step.entry.id}: {finding.line()}", file=sys.stderr)
     where = executor(step.job.executor)
-    after = [records[s.entry.id] for s in step.after] if where.chains else []  # else: run in turn
+    after = [pipe.records[s.entry.id] for s in step.after] if where.chains else []  # else: run in turn
     record = where.submit(step.job, step.job_id, after)
-    record.submitted, record.argv, record.pipe = time.time(), sys.argv, pipe_id
+    record.submitted, record.argv, record.pipe = time.time(), sys.argv, pipe.id
     save(record)
-    records[step.entry.id] = record
+    pipe.records[step.entry.id] = record
     return record
 
 
-def _submit_all(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any]) -> None:
+def _submit_all(pipe: _Pipe, todo: list[Step]) -> None:
     """Every step at once, each after the steps it waits for (`todo` is in an order of the graph)."""
     from ..executors import executor
 
     try:
         for step in todo:
-            record = _submit(step, pipe_id, records)
+            record = _submit(step, pipe)
             where = executor(record.executor)
-            waits = ", ".join(str(where.scheduler_id(records[s.entry.id])) for s in step.after)
+            waits = ", ".join(str(where.scheduler_id(pipe.records[s.entry.id])) for s in step.after)
             waiting = f", after {waits}" if waits else ""
             print(f"{step.entry.id}: submitted {record.id} ({where.where(record)}{waiting})", flush=True)
     finally:
-        _save_pipe(pipe_id, path, todo, records)
+        if pipe.records:  # else nothing was submitted
+            pipe.not_run([s for s in todo if s.entry.id not in pipe.records], "the pipe's submission stopped "
+                                                                              "before it")
 
 
-def _attend(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any], options: PipeOptions,
-            submit: bool) -> None:
+def _attend(pipe: _Pipe, todo: list[Step], options: PipeOptions, submit: bool) -> None:
     """Follow each step in turn (submitting it first where nothing chains them); a failed step stops the steps
     that wait for it, directly or through others (on Slurm, Slurm cancels them), and the others go on. Raises
     JobFailed at the end, naming each failure and the steps it stopped."""
@@ -408,16 +432,20 @@ def _attend(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any],
     waits = {s.entry.id: [a.entry.id for a in s.after] for s in todo}
     failed: list[tuple[Step, Any, Any]] = []
     lost: dict[str, str] = {}  # step id -> the failed step it waits for
+    if submit:
+        pipe.save()  # every step, before the first starts
     for step in todo:
         name = step.entry.id
         if name in lost:
-            what = _wait_terminal(records[name]) if name in records else "not run"
+            if name not in pipe.records:
+                pipe.not_run([step], f"waits for {lost[name]}, which failed")
+            what = _wait_terminal(pipe.records[name]) if name in pipe.records else "not run"
             print(f"{name}: {what}: it waits for {lost[name]}, which failed", file=sys.stderr)
             continue
         if submit:
-            _submit(step, pipe_id, records)
-            _save_pipe(pipe_id, path, todo, records)
-        record = records[name]
+            _submit(step, pipe)
+            pipe.save()
+        record = pipe.records[name]
         print(f"== {name}: {record.id} ==", flush=True)
         final = jobs.follow(record, sys.stdout)
         if final.state != "COMPLETED":
@@ -426,11 +454,11 @@ def _attend(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any],
             for later in pipe_graph.dependents(name, waits):
                 lost.setdefault(later, name)
     if failed:
-        _fail(failed, lost, options, cancelled=not submit)
-    print(f"{pipe_id} COMPLETED")
+        _fail(pipe.id, failed, lost, options, cancelled=not submit)
+    print(f"{pipe.id} COMPLETED")
 
 
-def _fail(failed: list, lost: dict[str, str], options: PipeOptions, cancelled: bool) -> None:
+def _fail(pipe_id: str, failed: list, lost: dict[str, str], options: PipeOptions, cancelled: bool) -> None:
     from .. import jobs
 
     parts = []
@@ -442,7 +470,8 @@ def _fail(failed: list, lost: dict[str, str], options: PipeOptions, cancelled: b
                         if stopped else ""))
     first = failed[0][0].entry.id
     error = JobFailed(f"{'; '.join(parts)}. Fix it, then `{_command(options)}` again resumes (completed steps are "
-                      f"skipped), --from {first} starts at it, --force re-runs every step")
+                      f"skipped), --from {first} starts at it, --force re-runs every step; "
+                      f"`nemotron jobs status {pipe_id}` shows every step")
     error.exit_code = failed[0][2].exit_code or 1
     raise error
 
@@ -473,9 +502,3 @@ def _next(pipe_id: str, records: dict[str, Any]) -> None:
     print(f"  nemotron jobs logs {last.id} --follow")
     print(f"  nemotron jobs cancel {pipe_id}")
 
-
-def _save_pipe(pipe_id: str, path: Path, todo: list[Step], records: dict[str, Any]) -> None:
-    if records:  # else nothing was submitted
-        pipe_records.save(pipe_id, path, [{"id": s.entry.id, "stage": s.entry.stage.name, "job": records[s.entry.id].id,
-                                           "after": [a.entry.id for a in s.after]}
-                                          for s in todo if s.entry.id in records])
