@@ -184,6 +184,19 @@ def test_a_local_job_runs_its_script_file(home):
     assert Path(record.task_dir, "exit_code").read_text().strip() == "0"
 
 
+def test_a_failed_local_run_prints_its_preflight_line_once(home):
+    """The log streams the PREFLIGHT FAILED line; the error after it, in the same terminal (or file), points at it
+    instead of saying it again with the log's tail (on a stderr of its own, the error carries the line, without the
+    tail: test_slurm_jobs)."""
+    from conftest import BIN
+
+    ultra3 = [str(BIN / "ultra3"), "pretrain", "-c", "tiny"]
+    merged = subprocess.run(ultra3, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert merged.returncode != 0 and merged.stdout.count("PREFLIGHT FAILED") == 1, merged.stdout
+    assert re.search(r"^error: ultra3-pretrain_\S+ FAILED \(exit code 3\): its preflight stopped it \(the line "
+                     r"above\)$", merged.stdout, re.M), merged.stdout
+
+
 # -- the registry --------------------------------------------------------------------------------
 
 def test_a_record_written_before_chains_still_loads(home):
