@@ -52,6 +52,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
         read_as_ours(stage, layer, report)
 
     flat, origin = merge(layers)
+    artifacts.refuse_unread(stage, flat, origin, [layer.source for layer in layers], report)
     wired = _wire(stage, options, flat, origin)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
@@ -104,7 +105,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
 def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile | None, executor: str,
              tree: dict[str, Any], origin: dict[str, str], base_sources: set[str], report: Report,
              flat: dict[str, Any], wired: dict[str, Source]) -> Job:
-    """The resolved config through precision settling, the executor's rules, the inputs and the stage's rules."""
+    """The resolved config through precision settling, the inputs, the executor's rules and the stage's rules."""
     config = resolve(tree, origin)
     config.setdefault("cluster", {})
     report.config, report.origin = config, origin  # findings quote values with their sources
@@ -114,9 +115,10 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
         put(config, key, value)
     images.choose(stage.image, config, flat, origin, profile, executors.executor(executor).asks_image,
                   options.dry_run, report)
-    executors.executor(executor).check(stage, config["run"], profile, report)
     job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat, wired=wired)
     _settle_inputs(job)
+    # after the stage's own derived keys (RL sizes run.nodes from its layout): the executor judges the job that runs
+    executors.executor(executor).check(stage, config["run"], profile, report)
     stage.parts().validate(config, report)
     return job
 

@@ -208,8 +208,11 @@ def settle(job: Job) -> None:
         folder = executors.executor(job.executor).job_dir(job, "job-id")
         report.facts["rl.checkpoints"] = Job.placed(
             f"{OUTPUTS_PLACEHOLDER}/{job.stage.slug}/{cfg.get('experiment')}/checkpoints", folder)
-    if cfg.get("check_only"):  # the allocation and the Ray cluster only: no NeMo RL, no GPU code, no output
-        _set(job, "job.checks", [c for c in job.stage.checks if c not in ("nemo_rl", "gpus")], "check_only")
+    if cfg.get("check_only"):  # the allocation and the Ray cluster only: no NeMo RL, no output
+        # over several nodes the cluster preflight checks each node's GPUs as the allocation grants them; on one
+        # node (every local run) no Ray cluster is checked, so the preflight's GPU check stays
+        skipped = ("nemo_rl", "gpus") if total > 1 else ("nemo_rl",)
+        _set(job, "job.checks", [c for c in job.stage.checks if c not in skipped], "check_only")
         _set(job, "output_dir", None, "check_only")
 
 

@@ -45,9 +45,10 @@ class Local(Executor):
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
         check_fault_tolerance(stage, run, report)
         nodes = run.get("nodes") or 1
-        if nodes > 1:
+        if nodes > 1:  # every stage's: a stage that sizes its own nodes (RL's layout) says so in the quoted source
             report.error("run.nodes", f"{nodes} nodes, but the local executor runs on this machine only; submit "
-                                      "with --run/--batch PROFILE, or set run.nodes=1 (as -c tiny does)")
+                                      "with --run/--batch PROFILE, or bring it to 1 where it is set",
+                         quoting=("run.nodes",))
 
     def job_dir(self, job: Job, job_id: str) -> str:
         return str(home_job_dir(job, job_id))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..nemo_rl_api import TEACHER_ROLES
 from ..stage import Input, Output, Parts, Stage
 
-# NeMo RL and the GPUs are not checked under check_only, which checks the allocation and the Ray cluster
+# check_only leaves out NeMo RL (and, over several nodes, the GPUs: the cluster preflight checks them there)
 CHECKS = ("python_version", "image", "shared_dir", "nemo_rl", "gpus", "inputs")
 DATA = Input("data", "data.dir", ("rl-data",), same_config=False)
 
