@@ -184,10 +184,10 @@ def test_tiny_model_config_goes_through_the_bridge_mapping(home):
 ])
 def test_checkpoint_dir_is_shared_by_resubmissions_of_a_real_run(home, config, save):
     stage = next(s for s in TRAINING if s.name == "pretrain")
-    job = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", "default")))
-    again = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", "default")))
+    job = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", config)))
+    again = compile_job(stage, Options(config=config, batch="blackwell", overrides=inputs("pretrain", config)))
     changed = compile_job(stage, Options(config=config, batch="blackwell",
-                                         overrides=[*inputs("pretrain", "default"), "optimizer.lr=1e-4"]))
+                                         overrides=[*inputs("pretrain", config), "optimizer.lr=1e-4"]))
     assert again.digest == job.digest != changed.digest  # a changed config never resumes the old run's checkpoints
     save = save.replace("{digest}", job.digest)
     for job_id in ("job1", "job2"):

@@ -183,6 +183,23 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
     return sources
 
 
+def refuse_unread(stage: Stage, flat: dict[str, Any], origin: dict[str, str], order: list[str],
+                  report: Report) -> None:
+    """An input given in a layer above the one that switched it off (its `unless` key: mock data, a checkpoint
+    the job makes, a resumed run) is an error: the job would never read it. A layer that sets both means it
+    (quantize -c tiny makes its checkpoint at bf16_checkpoint); the pipe's wiring is not in any layer."""
+    rank = {source: i for i, source in enumerate(order)}
+    for inp in stage.inputs:
+        off = flat.get(inp.unless) if inp.unless else None
+        if not off or flat.get(inp.key) in (None, "") or \
+                rank.get(origin.get(inp.key), -1) <= rank.get(origin.get(inp.unless), len(order)):
+            continue
+        report.error(inp.key, f"{flat[inp.key]} given (set in {origin[inp.key]}), but {inp.unless} is "
+                              f"{str(off).lower()} (set in {origin[inp.unless]}), so {stage.name} would never read its "
+                              f"{inp.name} input; set {inp.unless}={'false' if isinstance(off, bool) else 'null'} "
+                              f"to use it, or leave {inp.key} unset")
+
+
 def maker_config(inp: Input, config: dict[str, Any]) -> str | None:
     """The producer config an input prefers (or, with a config_key, takes only): the consumer's own name (tiny for
     tiny) or the one its config_key names."""

@@ -53,6 +53,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
 
     flat, origin = merge(layers)
     artifacts.refuse_unread(stage, flat, origin, [layer.source for layer in layers], report)
+    artifacts.refuse_unread(stage, flat, origin, [layer.source for layer in layers], report)
     wired = _wire(stage, options, flat, origin)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
