@@ -125,11 +125,18 @@ def _shown(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def quantize_packages(cfg: dict) -> str | None:
-    """The hf backend runs on any machine, a CPU-only one included; the megatron backend needs the training
-    packages."""
+QUANTIZE_PYTHON = (3, 11)  # transformers 5.23, which the `quantize` extra pins, has no release for 3.10
+
+
+def quantize_packages(cfg: dict, version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str | None:
+    """The hf backend runs on any machine, a CPU-only one included, under Python 3.11+ (`version`: the job's
+    Python); the megatron backend needs the training packages."""
     if cfg.get("backend") == "megatron":
         return training_packages(cfg)
+    if tuple(version[:2]) < QUANTIZE_PYTHON:
+        return (f"the quantize hf backend needs Python 3.11+, this job's is {'.'.join(map(str, version))} (the "
+                "`quantize` extra installs nothing on it); run the job under Python 3.11+ (the training container "
+                "has 3.12)")
     missing = [f"{m} ({err})" for m in ("modelopt", "transformers", "safetensors", "requests")
                if (err := _importable(m))]
     if missing:
