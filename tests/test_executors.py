@@ -95,7 +95,7 @@ def test_a_job_after_a_failing_one_is_cancelled_by_slurm_and_says_why(slurm, cli
     assert status.rc == 0 and f"state:     CANCELLED (upstream {first.id} FAILED) [sacct]\n" in status.out, status.out
     listed = cli("jobs", "list", prog="nemotron")
     row = next(line for line in listed.out.splitlines() if line.startswith(second.id))
-    assert f" CANCELLED (upstream {first.id} FAILED) " in row, listed.out
+    assert " CANCELLED (upstream FAILED) " in row, listed.out  # the column stays narrow: status names the job
 
 
 def test_a_slurm_job_waits_only_for_slurm_jobs_of_its_cluster(home, tmp_path):

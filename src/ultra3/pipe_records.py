@@ -4,8 +4,10 @@ jobs, what `nemotron jobs status|cancel PIPE_ID` read."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
+from typing import Iterator
 
 from .contract import read_json
 from .findings import skipped
@@ -29,8 +31,14 @@ def save(pipe_id: str, config: Path, steps: list[dict]) -> None:
 
 def find_pipe(ref: str) -> dict | None:
     """The newest pipe record whose id `ref` is or begins; a damaged one is named and passed over."""
-    for path in sorted(pipes_dir().glob("*.json"), reverse=True):
-        if path.stem == ref or path.stem.startswith(ref):
+    return next(pipes(ref), None)
+
+
+def pipes(prefix: str = "pipe-") -> Iterator[dict]:
+    """The readable pipe records whose id begins with `prefix`, newest first; a damaged one is named and passed
+    over."""
+    for path in sorted(pipes_dir().glob("*.json"), key=_when, reverse=True):
+        if path.stem.startswith(prefix):
             try:
                 pipe = read_json(str(path))
             except (OSError, ValueError) as e:
@@ -39,14 +47,21 @@ def find_pipe(ref: str) -> dict | None:
             if why := _damage(pipe):
                 skipped(str(path), "pipe record", why)
                 continue
-            return pipe
-    return None
+            yield pipe
+
+
+def _when(path: Path) -> str:
+    """A pipe id's time (`pipe-<config>_<YYYYmmdd-HHMMSS>-<hex>`), then the id: newest first across configs."""
+    return f"{path.stem.rsplit('_', 1)[-1]} {path.stem}"
 
 
 def _damage(pipe: object) -> str | None:
     """What keeps a pipe record's JSON from being one `nemotron jobs` can read; None when nothing does."""
     if not isinstance(pipe, dict) or not all(isinstance(pipe.get(k), str) for k in ("id", "config")):
         return "not an object with the pipe's id and config"
+    when = pipe.get("submitted")
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not math.isfinite(when):
+        return "submitted is not a time"
     steps = pipe.get("steps")
     if not isinstance(steps, list) or not all(
             isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("id", "stage", "job")) for s in steps):

@@ -217,15 +217,37 @@ def build_ultra3() -> typer.Typer:
     return app
 
 
+JOBS_LIST_EXAMPLES = (
+    "nemotron jobs list -n 5",
+    "nemotron jobs list --state FAILED --stage pretrain",
+    "nemotron jobs list --profile local --state COMPLETED",
+    "nemotron jobs list --pipes",
+)
+
+
 def build_jobs() -> typer.Typer:
-    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, lineage, plot, goodput.")
+    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, prune, lineage, plot, "
+                         "goodput.")
 
-    @app.command("list")
-    def list_(limit: int = typer.Option(20, "-n", "--limit", min=1, help="How many of the newest jobs.")) -> None:
+    @app.command("list", epilog="\b\nExamples:\n  " + "\n  ".join(JOBS_LIST_EXAMPLES))
+    def list_(limit: int = typer.Option(20, "-n", "--limit", min=1, help="How many of the newest jobs."),
+              stage: Optional[str] = typer.Option(None, "--stage", metavar="STAGE",
+                                                  help="Only this stage's jobs (data-prep-sft or 'data prep sft')."),
+              state: Optional[str] = typer.Option(None, "--state", metavar="STATE",
+                                                  help="Only jobs in this state (RUNNING, FAILED, ...)."),
+              profile: Optional[str] = typer.Option(None, "--profile", metavar="PROFILE",
+                                                    help="Only jobs of this profile (local: this machine's)."),
+              pipe: Optional[str] = typer.Option(None, "--pipe", metavar="PIPE_ID",
+                                                 help="Only the steps of this pipe (an id or a prefix)."),
+              pipes: bool = typer.Option(False, "--pipes", help="List the pipes instead, with their steps' "
+                                                                "states.")) -> None:
         """List submitted jobs, newest first, with their current state."""
-        from .jobs import list_jobs
+        from ..job_filter import JobFilter
+        from .jobs import list_jobs, list_pipes
 
-        list_jobs(limit)
+        if pipes:
+            return list_pipes(limit)
+        list_jobs(limit, JobFilter(stage, state, profile, pipe))
 
     @app.command()
     def status(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, a unique prefix, or a pipe id "
@@ -250,6 +272,16 @@ def build_jobs() -> typer.Typer:
         from .jobs import cancel_job
 
         cancel_job(job)
+
+    @app.command(epilog="\b\nExamples:\n  nemotron jobs prune\n  nemotron jobs prune --older-than 1d --yes")
+    def prune(older_than: str = typer.Option("7d", "--older-than", metavar="AGE",
+                                             help="Only jobs submitted at least this long ago: 7d, 12h, 30m, 0."),
+              yes: bool = typer.Option(False, "-y", "--yes", help="Remove them (without it: a dry run).")) -> None:
+        """Remove the job dirs and records of old finished jobs; keep those running, pending or holding published
+        artifacts or checkpoints, saying why. A dry run unless --yes."""
+        from .jobs import prune_jobs
+
+        prune_jobs(older_than, yes)
 
     @app.command()
     def lineage(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:

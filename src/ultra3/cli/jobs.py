@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
+from itertools import islice
+from pathlib import Path
 
-from .. import jobs, ledger, progress, records
+from .. import jobs, ledger, pipe_records, progress, records
 from ..errors import LauncherError, UserError
 from ..executors import for_record
+from ..job_filter import JobFilter
 from ..pipe_records import find_pipe
 
 
@@ -17,22 +21,33 @@ def _age(ts: float) -> str:
     return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h" if s < 172800 else f"{s // 86400}d"
 
 
-def list_jobs(limit: int) -> None:
-    shown = jobs.all_records()[:limit]
+def list_jobs(limit: int, where: JobFilter | None = None) -> None:
+    where = where or JobFilter()
+    found = where.pick(jobs.all_records())
+    shown, states = where.states(found, limit)
     if not shown:
-        print(f"no jobs yet (registry: {records.registry_dir()})")
+        print(f"no jobs {where.said()}(registry: {records.registry_dir()})" if where.any() else
+              f"no jobs yet (registry: {records.registry_dir()})")
         return
-    states = jobs.states(shown)
     rows = [("JOB", "STAGE", "CONFIG", "WHERE", "SLURM", "STATE", "AGE")]
     for r in shown:
         st = states.get(r.id, records.State("UNKNOWN"))
-        where = r.profile or "local"
         stage = r.stage.replace(" ", "-")  # one word per column
-        rows.append((r.id, stage, r.config, where, for_record(r).scheduler_id(r) or "-", st.label,
+        rows.append((r.id, stage, r.config, r.profile or "local", for_record(r).scheduler_id(r) or "-", _short(st),
                      _age(r.submitted)))
+    _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _short(st: records.State) -> str:
+    """The state for a column: the upstream that decides it by its state only (`CANCELLED (upstream FAILED)`);
+    `nemotron jobs status` names the job."""
+    return st.label.replace(f" {st.upstream}", "") if st.upstream else st.label
 
 
 def _newest_or(ref: str | None) -> str:
@@ -103,7 +118,13 @@ def _duration(seconds: float) -> str:
 def show_logs(ref: str | None, follow: bool) -> None:
     r = jobs.find(_newest_or(ref))
     if follow:
-        jobs.follow(r, sys.stdout)
+        final = jobs.follow(r, sys.stdout)
+        code = f" (exit code {final.exit_code})" if final.exit_code is not None else ""
+        said = final.reason and final.state != "COMPLETED" and not final.upstream and \
+            final.reason not in jobs.log_text(r)  # a reason the log just said (its preflight's) is not repeated
+        why = f": {final.reason}" if said else ""
+        print(f"{r.id} ended {final.label}{code}{why}" if final.done else
+              f"{r.id}: its state is no longer known ({final.state}{why})", file=sys.stderr)
         return
     text = jobs.log_text(r)
     sys.stdout.write(text)
@@ -145,18 +166,40 @@ def _pipe(ref: str) -> dict | None:
 def _pipe_status(pipe: dict) -> None:
     """Each step with its job, what it waits for (a record of a pipe submitted as a chain does not say) and its
     state; a step without a job (skipped, not started yet, never run) with the record's state and why."""
-    steps = [(step, jobs.find(step["job"]) if step["job"] else None) for step in pipe["steps"]]
-    states = jobs.states([r for _, r in steps if r])
+    steps = _step_states(pipe)
     print(f"pipe:      {pipe['id']} ({pipe['config']})")
     waits = {step["id"]: f"after {', '.join(step['after'])}" if step["after"] else "-"
              for step, _ in steps if "after" in step}
     width = max(len(step["id"]) for step, _ in steps)
     job_width = max(len(step["job"] or "-") for step, _ in steps)
     after_width = max(map(len, waits.values()), default=0)
-    for step, r in steps:
-        label = states.get(r.id, records.State("UNKNOWN")).label if r else f"{step['state']} ({step['reason']})"
+    for step, st in steps:
         after = f"{waits[step['id']]:<{after_width}}  " if step["id"] in waits else ""
+        label = st.label if step["job"] else f"{st.state} ({st.reason})"
         print(f"  {step['id']:<{width}}  {step['job'] or '-':<{job_width}}  {after}{label}")
+
+
+def _step_states(pipe: dict) -> list[tuple[dict, records.State]]:
+    """Each step of a pipe with its state: its job's, or the record's for a step without a job."""
+    found = {step["job"]: jobs.find(step["job"]) for step in pipe["steps"] if step["job"]}
+    states = jobs.states(list(found.values()))
+    return [(step, states.get(found[step["job"]].id, records.State("UNKNOWN")) if step["job"] else
+             records.State(step["state"], reason=step["reason"])) for step in pipe["steps"]]
+
+
+def list_pipes(limit: int) -> None:
+    """The newest pipes: each with its steps counted by state."""
+    rows = [("PIPE", "CONFIG", "STATE", "STEPS", "AGE")]
+    for pipe in islice(pipe_records.pipes(), limit):
+        counts = Counter(st.state for _, st in _step_states(pipe))
+        overall = "RUNNING" if set(counts) & {"PENDING", "RUNNING", "WAITING", "UNKNOWN"} else \
+            "COMPLETED" if set(counts) <= {"COMPLETED", "SKIPPED"} else "FAILED"
+        rows.append((pipe["id"], Path(pipe["config"]).stem, overall,
+                     ", ".join(f"{n} {state}" for state, n in counts.items()), _age(pipe["submitted"])))
+    if len(rows) == 1:
+        print(f"no pipes yet ({pipe_records.pipes_dir()})")
+        return
+    _table(rows)
 
 
 def show_lineage(ref: str) -> None:
@@ -198,3 +241,27 @@ def show_goodput(ref: str) -> None:
         per_node = get(job_config(r), "run.gpus_per_node") or 0
         for line in lines(r.id, runs, logs, progress.step_seconds(logs), per_node):
             print(line)
+
+
+def prune_jobs(older_than: str, yes: bool) -> None:
+    """What goes and what stays, each with why; removed only with --yes."""
+    from .. import prune
+
+    verdicts, newer = prune.plan(prune.seconds(older_than))
+    going = [v for v in verdicts if not v.kept]
+    total = sum(v.size for v in going)
+    print(f"{'removed' if yes else 'would remove'} {len(going)} job(s), {total / 1e6:.1f} MB (job dirs and records):")
+    for v in going:
+        print(f"  {v.record.id}  {v.state.state}  {v.size / 1e6:.1f} MB  {v.record.job_dir}")
+    kept = [v for v in verdicts if v.kept]
+    if kept:
+        print(f"kept {len(kept)} job(s):")
+        for v in kept:
+            print(f"  {v.record.id}  {v.state.state}  {v.kept}")
+    if newer:
+        print(f"kept {newer} job(s) newer than {older_than}")
+    if not yes:
+        print(f"dry run: nothing removed; `nemotron jobs prune --older-than {older_than} --yes` removes them")
+        return
+    for pipe_id in prune.remove(verdicts):
+        print(f"removed pipe record {pipe_id} (none of its jobs is left)")
