@@ -82,8 +82,8 @@ def follow(record: JobRecord, out) -> State:
     longer be known; return the final state."""
     reader = for_record(record)
     offset = 0
+    st = state(record)
     while True:
-        st = state(record)
         text, offset = reader.read_log(record, offset)
         out.write(plain(text))
         out.flush()
@@ -93,7 +93,7 @@ def follow(record: JobRecord, out) -> State:
                 out.write(plain(reader.read_log(record, offset)[0]))
                 out.flush()
             return st
-        time.sleep(reader.poll_s)
+        st = reader.wait(record, reader.poll_s) or state(record)
 
 
 def cancel(record: JobRecord) -> None:

@@ -4,6 +4,7 @@ when one of them did not (--kill-on-invalid-dep=yes)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -57,6 +58,7 @@ class Slurm(Executor):
     # the job's id in Slurm, and the SSH settings (host, user, port, identity) of the cluster's login node where
     # it was submitted over SSH: `nemotron jobs` reaches the cluster with them
     handle_types = {"slurm_id": str | None, "ssh": dict[str, str | int | None] | None}
+    _marks: slurm_state.EndMarks | None = None  # a followed job's end marks, read as they come
 
     def check(self, stage: Stage, run: dict[str, Any], profile: Profile | None, report: Report) -> None:
         check_fault_tolerance(stage, run, report)
@@ -149,6 +151,26 @@ class Slurm(Executor):
             return run(["tail", "-c", f"+{skip + 1}", path], login, text=False).stdout
 
         return read_from(files, offset, tail)
+
+    def wait(self, record: JobRecord, seconds: float) -> State | None:
+        """On the login node the batch script's output is read every 0.1 s while waiting: its last line (END_MARK)
+        lands seconds before Slurm ends the job. Exit code 0 there is final (an attempt that requeues itself exits
+        non-zero): the job completed. Another code leaves the verdict to Slurm (failed, cancelled, out of memory,
+        requeued), asked every 0.2 s from then on. The script writes the mark once the job step closed its log:
+        no settle after it."""
+        if slurm_state.ssh(record):
+            return super().wait(record, seconds)
+        marks = self._marks = self._marks or slurm_state.EndMarks(record)
+        seen = len(marks.codes)  # the attempts that ended before
+        until = time.monotonic() + seconds
+        while True:
+            codes = marks.read()
+            if codes[-1:] == [0] or len(codes) > seen:
+                self.poll_s, self.settle_s = 0.2, 0.0
+                return State("COMPLETED", 0, "", "job dir") if codes[-1] == 0 else None
+            if time.monotonic() >= until:
+                return None
+            time.sleep(0.1)
 
     def cancel(self, record: JobRecord) -> None:
         slurm_id = slurm_state.slurm_id(record)

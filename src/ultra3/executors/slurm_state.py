@@ -4,6 +4,7 @@ job dir when accounting forgot a job, and what the jobs a job waits for (its `af
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..records import TERMINAL, JobRecord, State, load
 from ..ssh import run
@@ -120,6 +121,31 @@ def _job_dir_state(record: JobRecord, causes: str = "") -> State:
         code = int(last[0].rsplit(" ", 1)[-1])
         return State("COMPLETED" if code == 0 else "FAILED", code, "", "job dir")
     return State("UNKNOWN", None, causes or "neither sacct nor squeue knows the job", "")
+
+
+class EndMarks:
+    """The exit codes of the batch script's last line (END_MARK), attempt by attempt, read on this machine from
+    its output file (one for all of the job's attempts) as the file grows."""
+
+    def __init__(self, record: JobRecord):
+        self.folder, self.name = Path(record.task_dir), f"sbatch_*_{slurm_id(record)}.out"
+        self.offset = 0
+        self.codes: list[int] = []
+        self.read()
+
+    def read(self) -> list[int]:
+        path = next(self.folder.glob(self.name), None)
+        if path is None or not path.is_file():  # not started yet; a fifo or a device is never opened
+            return self.codes
+        with open(path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
+        self.offset += len(whole)
+        mark = END_MARK.encode() + b" "
+        self.codes += [int(line[len(mark):]) for line in whole.splitlines()
+                       if line.startswith(mark) and line[len(mark):].isdigit()]
+        return self.codes
 
 
 def _upstream_reason(record: JobRecord, by_id: dict[str, State]) -> None:
