@@ -166,11 +166,11 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             manifest = store.newest(inp.kinds, profile, mine, inp.only(lambda key: get(config, key)))
             if manifest is None:
                 if needed(inp, config):
-                    report.error(inp.key, _nothing_found(stage, inp, profile, store, mine, producers))
+                    report.error(inp.key, _nothing_found(stage, inp, profile, store, config, producers))
                 elif optional(inp, config):
                     report.warn(inp.key, f"no {' or '.join(inp.kinds)} artifact for {_whose(profile)}: {stage.name} "
                                          f"starts without its {inp.name} input ({inp.optional_when} is set); run "
-                                         f"`{hint(inp, producers, profile, mine)}` first to start from one")
+                                         f"`{hint(inp, producers, profile, config)}` first to start from one")
             else:
                 source = from_manifest(manifest)
                 if mine and manifest.get("config") != mine:
@@ -240,7 +240,7 @@ def _malformed_ref(value: str) -> bool:
     return not (_is_ref(value) or (value.startswith(JOB_REF) and value[len(JOB_REF):].strip()))
 
 
-def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: str | None,
+def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, config: dict[str, Any],
                    producers: Producers) -> str:
     command = hint(inp, producers, profile, config)
     whose = _whose(profile)
@@ -252,14 +252,17 @@ def _nothing_found(stage: Stage, inp: Input, profile: str | None, store: Store, 
             f"input; {first}set {inp.key}=PATH (or job:ID, NAME:latest){skip}")
 
 
-def hint(inp: Input, producers: Producers, profile: str | None, config: str | None = None) -> str:
-    """The command that makes this input: of the consumer's config name where the maker has one (tiny for tiny)."""
+def hint(inp: Input, producers: Producers, profile: str | None, config: dict[str, Any]) -> str:
+    """The command that makes this input: of the config it takes from (its config_key's, its role's), else of the
+    consumer's config name where the maker has one (tiny for tiny), whether or not the input prefers that name
+    (RL's data and policy take any config's, but `rl mopd -c tiny` wants `rl rlvr -c tiny`, not the full run)."""
     makers = [s for kind in inp.kinds for s in producers(kind)]
     if not makers:
         return ""
-    same = config not in (None, "default") and (inp.config_key is not None or inp.same_config
-                                                 and config in config_names(makers[0].config_dir))
-    return f"ultra3 {makers[0].name}{f' -c {config}' if same else ''}{f' --batch {profile}' if profile else ''}"
+    named, mine = inp.only(lambda key: get(config, key)), get(config, "job.config")
+    name = named[0] if named else None if inp.config_key or mine not in config_names(makers[0].config_dir) else mine
+    return f"ultra3 {makers[0].name}{f' -c {name}' if name not in (None, 'default') else ''}" \
+           f"{f' --batch {profile}' if profile else ''}"
 
 
 def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None], profile: str | None,
@@ -268,7 +271,7 @@ def job_inputs(stage: Stage, config: dict[str, Any], sources: list[Source | None
     return [{"name": inp.name, "key": inp.key, "kinds": list(inp.kinds), "required": needed(inp, config),
              "path": src.path if src else None, "producer": src.producer if src else None,
              "artifact": src.artifact if src else None, "how": src.how if src else None,
-             "hint": hint(inp, producers, profile, maker_config(inp, config)),
+             "hint": hint(inp, producers, profile, config),
              "pending": bool(src and src.pending)}
             for inp, src in zip(stage.inputs, sources)]
 
@@ -315,7 +318,7 @@ def _without(tree: dict[str, Any], keys: set[str], prefix: str = "") -> dict[str
     return out
 
 
-def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | None], local: bool,
+def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | None], profile: str | None, local: bool,
                 report: Report, producers: Producers) -> None:
     """Inputs given as paths must exist: an error on this machine, a warning for a cluster (its nodes may
     mount what this machine does not; the job's preflight checks again). A blend.json must name shards."""
@@ -338,7 +341,7 @@ def check_paths(stage: Stage, config: dict[str, Any], sources: list[Source | Non
         elif inp.kinds == ("sft-data",) and inp.key == "dataset.packed_dir":
             problem = _packed_problem(path, config)
         if problem:
-            fix = f"run `{hint(inp, producers, None)}` or fix the path"
+            fix = f"run `{hint(inp, producers, profile, config)}` or fix the path"
             if local:
                 report.error(inp.key, f"{problem} ({src.how}); {fix}")
             else:

@@ -53,7 +53,6 @@ def compile_job(stage: Stage, options: Options) -> Job:
 
     flat, origin = merge(layers)
     artifacts.refuse_unread(stage, flat, origin, [layer.source for layer in layers], report)
-    artifacts.refuse_unread(stage, flat, origin, [layer.source for layer in layers], report)
     wired = _wire(stage, options, flat, origin)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
         report.error(key, f"job.* is set by the launcher for each job (set in {origin[key]}); remove it")
@@ -177,8 +176,8 @@ def _settle_inputs(job: Job) -> None:
     for inp, src in zip(job.stage.inputs, job.sources):
         if src:
             job.flat[inp.key] = src.path
-    artifacts.check_paths(job.stage, job.config, job.sources, executors.executor(job.executor).runs_here, job.report,
-                          producers)
+    artifacts.check_paths(job.stage, job.config, job.sources, profile, executors.executor(job.executor).runs_here,
+                          job.report, producers)
     if settle := job.stage.parts().settle:  # keys derived from the inputs, before the outputs are addressed
         settle(job)
     digest = artifacts.digest(job.config, job.stage, job.sources)
