@@ -266,8 +266,8 @@ CASES = [
                                               "train.global_batch_size=8"],
          [r"run\.gpus_per_node: the job wants 8 GPUs per node but the nodes have 1 \(cluster\.gpus_per_node, "
           r"from profile 'ci'"], submits=True),
-    Case("executor-unknown-gpu", ["pretrain", "-c", "tiny", "cluster.gpu=a100", "-d"],
-         [r"cluster\.gpu: unknown GPU type 'a100'; use one of h100, h200, b200, gb200, gb300$"]),
+    Case("executor-unknown-gpu", ["pretrain", "-c", "tiny", "cluster.gpu=v100", "-d"],
+         [r"cluster\.gpu: unknown GPU type 'v100'; use one of a100, h100, h200, b200, gb200, gb300$"]),
     Case("data-prep-relative-output-dir", ["data", "prep", "pretrain", "-c", "tiny", "output_dir=out"],
          [r"output_dir: 'out' is relative, but the job runs in its own code dir; give an absolute path, e\.g\. "
           r"output_dir=/.*/out$"]),

@@ -60,6 +60,14 @@ def test_every_steps_errors_are_listed_and_nothing_is_written(cli, home):
                        "data-phase2, pretrain, data-long-context, long-context, data-sft, sft, quantize"),
     (["--from", "nope"], "error: --from nope: no such step; the pipe's steps are data-pretrain, data-phase2, "
                          "pretrain, data-sft, sft, quantize"),
+    (["--from", "sfft"], "error: --from sfft: no such step; did you mean 'sft'? the pipe's steps are data-pretrain, "
+                         "data-phase2, pretrain, data-sft, sft, quantize"),
+    (["pretrian.train.train_iters=5"], "error: pretrian.train.train_iters=5: no step 'pretrian'; did you mean "
+                                       "'pretrain'? a pipe override is STEP.key=value with STEP one of data-pretrain, "
+                                       "data-phase2, pretrain, data-long-context, long-context, data-sft, sft, "
+                                       "quantize"),
+    (["-c", "tinny"], "error: --config: no config 'tinny' for this stage; did you mean 'tiny'? choose one of: default, "
+                      "from_release, post_training, tiny, or give a path"),
     (["--from", "sft", "--to", "pretrain"], "error: --to pretrain comes before --from sft"),
     (["-c", "nope"], "error: --config: no config 'nope' for this stage; choose one of: default, from_release, "
                      "post_training, tiny, or give a path"),

@@ -180,6 +180,23 @@ def test_nvfp4_on_hopper_errors_naming_bf16_and_fp8(home):
     assert "bf16_mixed" in message and "bf16_with_fp8_current_scaling_mixed" in message
 
 
+def test_a100_is_known_trains_bf16_and_refuses_what_ampere_cannot(home):
+    """The tiny configs train in BF16 on A100 (the dry run's memory and cost on its 80 GB and 312 TFLOP/s); NVFP4 and
+    FP8 are refused as what SM 8.0 lacks, with no FP8 suggestion."""
+    job = compile_("pretrain", "cluster.gpu=a100", config="tiny")
+    assert not [f for f in job.report.findings if f.key == "cluster.gpu"], job.report.findings
+    with pytest.raises(InvalidConfig) as nvfp4:
+        compile_("pretrain", "mixed_precision=bf16_with_nvfp4_mixed", "cluster.gpu=a100", "model.mamba_num_heads=16",
+                 config="tiny")
+    (line,) = [f.message for f in nvfp4.value.findings if f.key == "mixed_precision"]
+    assert "needs SM 10.0/10.3 (Blackwell), but a100 is SM 8.0" in line and "fp8" not in line.split("[")[0], line
+    with pytest.raises(InvalidConfig) as fp8:
+        compile_("pretrain", "mixed_precision=bf16_with_fp8_current_scaling_mixed", "cluster.gpu=a100",
+                 "model.mamba_num_heads=16", config="tiny")
+    assert any("trains in FP8, which needs SM 8.9+, but a100 is SM 8.0; set mixed_precision=bf16_mixed" in f.message
+               for f in fp8.value.findings), fp8.value.findings
+
+
 # --- the runtime's decision -----------------------------------------------------------------------------------------
 
 

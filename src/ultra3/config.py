@@ -36,8 +36,12 @@ def find_config(config_dir: str, name: str) -> Path:
         return path
     path = CONFIGS_DIR / config_dir / f"{name}.yaml"
     if not path.is_file():
+        from .schema import did_you_mean
+
+        close = did_you_mean(name, config_names(config_dir))
         names = ", ".join(config_names(config_dir))
-        raise UserError(f"--config: no config '{name}' for this stage; choose one of: {names}, or give a path")
+        raise UserError(f"--config: no config '{name}' for this stage; {f'{close} ' if close else ''}choose one of: "
+                        f"{names}, or give a path")
     return path
 
 

@@ -27,6 +27,7 @@ from .model_math import fmt_count, number, pos_int, precision, slurm_seconds
 # NVFP4: NVIDIA's datasheets: HGX B200 144 PFLOP/s sparse FP4 over 8 GPUs, GB200 NVL72 1,440 sparse over 72,
 # GB300 NVL72 1,080 dense over 72. Hopper has no FP4 tensor cores.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "a100": {"bf16": 312},  # the A100 datasheet's dense BF16; Ampere has no FP8 tensor cores
     "h100": {"bf16": 989, "fp8": 1979},
     "h200": {"bf16": 989, "fp8": 1979},
     "b200": {"bf16": 2250, "fp8": 4500, "nvfp4": 9000},

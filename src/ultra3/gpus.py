@@ -25,6 +25,7 @@ class GpuType:
 GPU_TYPES: dict[str, GpuType] = {
     g.name: g
     for g in (
+        GpuType("a100", (8, 0), 80, 8),  # BF16 only: no FP8 (SM 8.9+) nor NVFP4 (Blackwell) tensor cores
         GpuType("h100", (9, 0), 80, 8),
         GpuType("h200", (9, 0), 141, 8),
         GpuType("b200", (10, 0), 180, 8),

@@ -223,8 +223,13 @@ def matches(value: Any, t: Any) -> bool:
 
 
 def suggest(key: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(choices))}"
+    return did_you_mean(key, choices) or f"known keys: {', '.join(sorted(choices))}"
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """`did you mean 'x'?` for the choice closest to `word`; "" when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else ""
 
 
 def has_key(schema: Schema, dotted: str) -> bool:

@@ -30,7 +30,7 @@ from ..errors import InvalidConfig, JobFailed, UserError
 from ..findings import Finding
 from ..jobprep.jobdir import new_job_id
 from ..profiles import load_profile
-from ..schema import suggest
+from ..schema import did_you_mean, suggest
 from ..stage import Stage
 from ..stages import find_stage
 
@@ -156,7 +156,9 @@ def _select(entries: list[Entry], start: str | None, stop: str | None) -> tuple[
     ids = [e.id for e in entries]
     for flag, value in (("--from", start), ("--to", stop)):
         if value is not None and value not in ids:
-            raise UserError(f"{flag} {value}: no such step; the pipe's steps are {', '.join(ids)}")
+            close = did_you_mean(value, ids)
+            raise UserError(f"{flag} {value}: no such step; {f'{close} ' if close else ''}the pipe's steps are "
+                            f"{', '.join(ids)}")
     first = ids.index(start) if start else 0
     last = ids.index(stop) if stop else len(ids) - 1
     if last < first:
@@ -171,7 +173,9 @@ def _split_overrides(tokens: list[str], entries: list[Entry]) -> dict[str, list[
     for token in tokens:
         step, _, rest = token.partition(".")
         if step not in ids or "=" not in rest:
-            raise UserError(f"{token}: a pipe override is STEP.key=value with STEP one of {', '.join(out)}")
+            close = did_you_mean(step, list(out)) if "=" in rest else ""
+            said = f"no step {step!r}; {close} " if close else ""
+            raise UserError(f"{token}: {said}a pipe override is STEP.key=value with STEP one of {', '.join(out)}")
         out[step].append(rest)
     return out
 
