@@ -3,6 +3,8 @@ followed with `nemotron jobs`. A real Ray head on 127.0.0.1 (its own ports), sta
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +24,13 @@ pytestmark = pytest.mark.heavy  # Ray, torch, NeMo-Run or real jobs: not in the 
 
 @pytest.fixture(scope="module")
 def ray_head():
+    with ray_cluster() as address:
+        yield address
+
+
+@contextlib.contextmanager
+def ray_cluster():
+    """A Ray head of its own on 127.0.0.1, stopped (every process it started) when the block ends."""
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     # token authentication (Ray's default) with a token of its own, so no other Ray on this machine
     # (whose ray.init writes ~/.ray/auth_token) can change it; the CLI finds it through the environment
@@ -103,3 +112,29 @@ def test_the_ray_executor_refuses_a_training_stage(cli, home):
     r = cli("pretrain", "-c", "tiny", "--batch", "ray")
     assert r.rc == 2 and r.err_lines == ["error: job.executor: the ray executor runs Ray stages (data prep); submit "
                                          "`pretrain` with a slurm profile or on this machine"]
+
+
+def test_a_ray_job_s_final_state_outlives_its_cluster(cli, home):
+    """One job's end is seen (`jobs status` while the cluster is up) and kept; another's never is, and the job wrote
+    it in its job dir (its attempts ledger). Once the cluster is gone, a later shell still reads both."""
+    with ray_cluster() as address:
+        with open("env.toml", "a") as f:
+            f.write(f'\n[ray]\nexecutor = "ray"\naddress = "{address}"\n')
+        seen = cli("data", "prep", "pretrain", "-c", "tiny", "--batch", "ray")
+        unseen = cli("data", "prep", "pretrain", "-c", "tiny", "--batch", "ray",
+                     "datasets=[{name: gone, path: /nonexistent/x.jsonl, weight: 1}]")  # stops in its preflight
+        assert seen.rc == 0 and unseen.rc == 0, seen.err + unseen.err
+        seen_id, unseen_id = seen.out.split()[1], unseen.out.split()[1]
+        done = wait_for(lambda: "COMPLETED" in cli("jobs", "status", seen_id, prog="nemotron").out, timeout=240,
+                        interval=2)
+        assert done, cli("jobs", "logs", seen_id, prog="nemotron").out[-3000:]
+        ledger = next(Path(home).glob(f"nemorun/experiments/ultra3-data-prep-pretrain/{unseen_id}")) / "attempts.jsonl"
+        assert wait_for(lambda: ledger.is_file() and '"event": "end"' in ledger.read_text(), timeout=240, interval=1)
+    gone = cli("jobs", "status", seen_id, prog="nemotron")
+    assert gone.rc == 0 and "COMPLETED" in gone.out and "UNKNOWN" not in gone.out, gone.out + gone.err
+    failed = cli("jobs", "status", unseen_id, prog="nemotron")
+    assert failed.rc == 0 and "FAILED (exit code 3)" in failed.out, failed.out + failed.err
+    listed = cli("jobs", "list", prog="nemotron").out
+    assert "UNKNOWN" not in listed, listed
+    kept = json.loads(next(Path(home).glob(f"nemorun/experiments/*/{seen_id}/*/final_state.json")).read_text())
+    assert kept == {"state": "COMPLETED", "exit_code": 0, "reason": ""}

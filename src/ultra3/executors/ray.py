@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..contract import ATTEMPTS_FILE, ledger_entries, read_small, write_atomic
 from ..errors import ClusterError
+from ..findings import skipped
 from ..forms import RAY_ADDRESS
 from ..jobprep.jobdir import write_code_dir
 from ..jobprep.plan import job_command, task_name
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 RAY_STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", "FAILED": "FAILED",
               "STOPPED": "CANCELLED"}
+FINAL_STATE = "final_state.json"  # in the task dir: the final state the cluster gave, kept for when it is gone
 
 
 def client(address: str):
@@ -119,16 +122,73 @@ class Ray(Executor):
 
 
 def _state(record: JobRecord) -> State:
+    """The final state once recorded; else the cluster's (a final one recorded as it is seen); else, with the
+    cluster gone or restarted, the end the job wrote in its job dir (its attempts ledger)."""
+    if final := _recorded(record):
+        return final
     try:
         info = client(_address(record)).get_job_info(_submission(record))
-    except ClusterError as e:
-        return State("UNKNOWN", None, str(e), "")
-    except Exception as e:  # the cluster no longer knows the job
-        return State("UNKNOWN", None, str(e).splitlines()[0], "")
+    except Exception as e:  # unreachable (ClusterError), or the cluster no longer knows the job
+        why = str(e) if isinstance(e, ClusterError) else str(e).splitlines()[0]
+        return _ledger_end(record) or State("UNKNOWN", None, f"{why}; its job dir holds no end of it either", "")
     st = State(RAY_STATES.get(str(info.status).split(".")[-1], "UNKNOWN"), None, "", "ray")
     if st.done:
         st.exit_code = 0 if st.state == "COMPLETED" else getattr(info, "driver_exit_code", None)
+        if st.state == "FAILED":  # its log's reason, kept with the state: the log goes with the cluster
+            from ..jobs import failure_reason
+
+            st.reason = failure_reason(record)
+        _keep(record, st)
     return st
+
+
+def _final_path(record: JobRecord) -> str:
+    return f"{record.task_dir}/{FINAL_STATE}"
+
+
+def _keep(record: JobRecord, st: State) -> None:
+    try:
+        write_atomic(_final_path(record), json.dumps({"state": st.state, "exit_code": st.exit_code,
+                                                      "reason": st.reason}) + "\n")
+    except OSError:  # its job dir removed (`nemotron jobs prune`): the cluster still says it, while it is up
+        pass
+
+
+def _recorded(record: JobRecord) -> State | None:
+    path = _final_path(record)
+    try:
+        final = json.loads(read_small(path, 4096))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        skipped(path, "final state file", str(e))
+        return None
+    if not (isinstance(final, dict) and final.get("state") in RAY_STATES.values()
+            and isinstance(final.get("exit_code"), int | None) and isinstance(final.get("reason"), str)):
+        skipped(path, "final state file", "not a state, an exit code and a reason")
+        return None
+    return State(final["state"], final["exit_code"], final["reason"], "job dir")
+
+
+def _ledger_end(record: JobRecord) -> State | None:
+    """The end of the job's last attempt, as its launcher (recipes/attempts.py) wrote it in the job dir on the
+    cluster's node (this machine's job dir where the cluster runs here or shares the filesystem); None without one."""
+    path = f"{record.job_dir}/{ATTEMPTS_FILE}"
+    try:
+        entries = ledger_entries(read_small(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        skipped(path, "attempts ledger", str(e))
+        return None
+    last = max((e["attempt"] for e in entries if e.get("event") == "start"), default=None)
+    end = next((e for e in reversed(entries) if e.get("event") == "end" and e["attempt"] == last), None)
+    if end is None:
+        return None
+    if end.get("outcome") == "done":
+        return State("COMPLETED", 0, "", "job dir")
+    code = end.get("exit")
+    return State("FAILED", code if isinstance(code, int) else None, str(end.get("why") or ""), "job dir")
 
 
 def _address(record: JobRecord) -> str:
