@@ -17,3 +17,11 @@ class DataPrepError(Exception):
 
 class BadRecordError(DataPrepError):
     """A bad input record under `strict: true`."""
+
+
+class HubUnreachable(Exception):
+    """The Hugging Face Hub could not be reached (no network, offline mode, a timeout, the Hub's own 5xx or 429): the
+    machine's failure, not the input's; one line on stderr, exit 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))

@@ -25,9 +25,11 @@ import fnmatch
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from .errors import DataPrepError
+from .errors import DataPrepError, HubUnreachable
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
+NETWORK = ("ConnectionError", "TransportError", "Timeout", "TimeoutError")  # the builtins', requests' and httpx's
+# families of a request that got no answer (huggingface_hub raises its HTTP client's own)
 SPLIT_ALIASES = {"valid": ("validation", "valid", "val", "dev"), "validation": ("validation", "valid", "val", "dev"),
                  "test": ("test",), "train": ("train",)}
 
@@ -161,8 +163,7 @@ def fetch_files(path: str, revision: str | None, cache_dir: str | None, choose) 
     except DataPrepError:
         raise
     except Exception as e:  # network, auth, missing repo: one line with what failed
-        raise DataPrepError(f"{path}: cannot fetch from the Hugging Face Hub ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise failed(path, e, "cannot fetch from the Hugging Face Hub") from None
     return local, {"repo": repo, "revision": sha, "files": len(chosen)}
 
 
@@ -174,9 +175,8 @@ def download_tokenizer(name: str, cache_dir: str | None) -> tuple[str, str | Non
     try:
         path = hf_hub_download(repo, "tokenizer.json", revision=revision or None, cache_dir=cache_dir)
     except Exception as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise DataPrepError(f"tokenizer {name}: no local path of that name, and it cannot be fetched from the "
-                            f"Hugging Face Hub ({type(e).__name__}: {first})") from None
+        raise failed(f"tokenizer {name}", e, "no local path of that name, and it cannot be fetched from the Hugging "
+                     "Face Hub") from None
     m = re.search(r"[/\\]snapshots[/\\]([0-9a-f]{40})[/\\]", path)
     commit = m.group(1) if m else None
     try:
@@ -185,3 +185,26 @@ def download_tokenizer(name: str, cache_dir: str | None) -> tuple[str, str | Non
     except Exception:
         config = None
     return path, config, commit
+
+
+def failed(what: str, e: Exception, why: str) -> Exception:
+    """The error a failed hub call raises: the Hub unreachable is the machine's (HubUnreachable, exit 1); anything
+    else (no such repo, revision or file, a gated repo without access) is the input's (DataPrepError, exit 2)."""
+    detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if unreachable(e):
+        return HubUnreachable(f"{what}: the Hugging Face Hub cannot be reached from this machine ({detail}); check "
+                              "its network (and HF_ENDPOINT, HF_HUB_OFFLINE) and run again, or give a local path")
+    return DataPrepError(f"{what}: {why} ({detail})")
+
+
+def unreachable(e: Exception) -> bool:
+    """Whether a hub call failed for want of an answer: no connection, offline mode, a timeout, a file not cached
+    that could not be fetched, or the Hub's own 5xx or 429."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    if isinstance(e, LocalEntryNotFoundError):  # the request failed and nothing is cached
+        return True
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, HfHubHTTPError) and isinstance(status, int):
+        return status >= 500 or status == 429
+    return any(c.__name__ in NETWORK for c in type(e).__mro__)

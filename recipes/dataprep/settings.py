@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from ..contract import ATTEMPTS_FILE, INPUT_ERROR_EXIT, NAME, ledger_entries  # NAME: what a dataset name may be
 from . import inputs, stop
 from .cluster import ClusterError
-from .errors import DISK_FULL, DataPrepError
+from .errors import DISK_FULL, DataPrepError, HubUnreachable
 
 
 def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] | None = None,
         stops: bool = False) -> int:
-    """`--config PATH` to `run`; config and input errors, and a full disk: one line, INPUT_ERROR_EXIT; Ray's: one
-    line, 1. `stops`: the run keeps its finished tasks, so the time-limit signal ends it with CONTINUE_EXIT, or 1
-    when no task finished in this allocation (stop.py)."""
+    """`--config PATH` to `run`; config and input errors, and a full disk: one line, INPUT_ERROR_EXIT; Ray, or the
+    Hugging Face Hub, out of reach: one line, 1. `stops`: the run keeps its finished tasks, so the time-limit signal
+    ends it with CONTINUE_EXIT, or 1 when no task finished in this allocation (stop.py)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
@@ -43,7 +43,7 @@ def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] 
               "space or choose another output_dir and run again (what is finished is kept)", file=sys.stderr,
               flush=True)
         return INPUT_ERROR_EXIT
-    except ClusterError as e:  # Ray could not be started or reached: not a traceback
+    except (ClusterError, HubUnreachable) as e:  # Ray or the Hub could not be reached: the machine's, not a traceback
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
