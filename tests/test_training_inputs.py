@@ -91,6 +91,20 @@ def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp
         in given.out
 
 
+def test_a_reference_to_another_profiles_artifact_says_whose_it_is(cli, home, tmp_path):
+    """NAME:latest and job:ID look in the whole store: an artifact made for another profile (here: this machine's,
+    taken by a Slurm profile whose store is the same) is taken, and its provenance line says whose it is."""
+    ckpt = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
+    for ref in ("ultra3-pretrain-checkpoint-tiny:latest", "job:ultra3-pretrain_20260101-000000-aaaaaa"):
+        theirs = cli("sft", "-c", "tiny", "--batch", "ci", "--dry-run", f"recipe.pretrained_checkpoint={ref}")
+        assert re.search(rf"^recipe.pretrained_checkpoint = {re.escape(ckpt)}  \(from ultra3-pretrain_20260101-000000-"
+                         r"aaaaaa completed [\d: -]+, made for this machine, ultra3-pretrain-checkpoint-tiny:v1\)$",
+                         theirs.out, re.M), theirs.out + theirs.err
+    mine = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:latest")
+    assert provenance("recipe.pretrained_checkpoint", ckpt, "ultra3-pretrain_20260101-000000-aaaaaa",
+                      "ultra3-pretrain-checkpoint-tiny:v1").search(mine.out), mine.out  # its own: nothing added
+
+
 def test_dry_run_checks_model_keys_against_a_local_hf_config(cli, home, tmp_path):
     model = tmp_path / "ultra-hf"
     model.mkdir()

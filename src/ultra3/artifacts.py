@@ -149,7 +149,7 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
                 what = f"matches {len(jobs)} jobs ({', '.join(jobs[:3])}); give more of the id" if jobs else \
                     f"no {' or '.join(inp.kinds)} artifact of that job in {store.root}; see `nemotron jobs list`"
                 report.error(inp.key, f"{value}: {what} (set in {origin.get(inp.key)})")
-            source = from_manifest(found[0]) if len(jobs) == 1 else None
+            source = _theirs(from_manifest(found[0]), found[0], profile) if len(jobs) == 1 else None
         elif isinstance(value, str) and _is_ref(value):
             manifest = store.by_ref(value)
             if manifest is None:
@@ -158,7 +158,8 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             elif manifest.get("type") not in inp.kinds:
                 report.error(inp.key, f"{value} is a {manifest.get('type')}, but this input takes "
                                       f"{' or '.join(inp.kinds)} (set in {origin.get(inp.key)})")
-            source = from_manifest(manifest) if manifest and manifest.get("type") in inp.kinds else None
+            source = _theirs(from_manifest(manifest), manifest, profile) \
+                if manifest and manifest.get("type") in inp.kinds else None
         elif value not in (None, ""):
             source, given = Source(str(value), f"set in {origin.get(inp.key)}"), True
         elif needed(inp, config) or inp.configs or optional(inp, config):
@@ -181,6 +182,14 @@ def settle(stage: Stage, config: dict[str, Any], origin: dict[str, str], profile
             origin[inp.key] = source.how
         sources.append(source or None)
     return sources
+
+
+def _theirs(source: Source, manifest: dict, profile: str | None) -> Source:
+    """A source named by reference (NAME:latest, job:ID, which any profile's artifact answers) says whose it is
+    where that is not the job's profile."""
+    if manifest.get("profile") != profile:
+        source.how += f", made for {_whose(manifest.get('profile'))}"
+    return source
 
 
 def refuse_unread(stage: Stage, flat: dict[str, Any], origin: dict[str, str], order: list[str],
