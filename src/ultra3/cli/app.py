@@ -6,7 +6,9 @@ only when a job is submitted to Slurm.
 
 from __future__ import annotations
 
+import atexit
 import difflib
+import gc
 import inspect
 import os
 import re
@@ -383,6 +385,9 @@ def _main(app: typer.Typer, prog: str) -> None:
         print(f"internal error: {type(e).__name__}: {e} (a launcher bug; ULTRA3_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         code = 1
+    # the last thing before the interpreter's teardown: its collections then skip what the run left (after a
+    # submission, NeMo-Run's ~170,000 objects: 2 s of exit)
+    atexit.register(gc.freeze)
     sys.exit(code or 0)
 
 
