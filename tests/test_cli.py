@@ -89,6 +89,20 @@ def test_stage_help_without_env_toml(cli, tmp_path):
     assert "Configs (-c): default, tiny" in r.out
 
 
+def test_help_says_what_the_code_does(cli_here):
+    """data prep runs in a pool of processes unless Ray is asked for; --version is an option of both programs; pipe
+    lists the profiles; container build says what its `default` config is."""
+    for kind in ("pretrain", "sft", "rl"):
+        said = ok(cli_here("data", "prep", kind, "--help")).out.split("Arguments:")[0]
+        assert "(processes; Ray across nodes)" in " ".join(said.split()) and "on Ray" not in said, said
+    assert "--version" in ok(cli_here("--help")).out and "--version" in ok(cli_here("--help", prog="nemotron")).out
+    assert re.fullmatch(r"ultra3 \S+\n", ok(cli_here("-c", "tiny", "--version")).out)
+    profiles = re.search(r"^  Profiles \(--run/--batch\): (.+) in \S+env.toml$", ok(cli_here("pipe", "-h")).out, re.M)
+    assert profiles and set(profiles.group(1).split(", ")) == {"ci", "ci-cpu", "blackwell", "hopper", "workstation"}
+    assert "default: the training image (pretrain, sft, quantize), built when no kind is named" in \
+        ok(cli_here("container", "build", "--help")).out
+
+
 def test_data_prep_sft_help(cli):
     r = ok(cli("data", "prep", "sft", "--help"))
     assert r.out.startswith("Usage: ultra3 data prep sft [OPTIONS] [KEY=VALUE]...")

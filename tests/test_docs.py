@@ -462,3 +462,33 @@ def test_every_command_example_that_runs_ray_or_torch(tmp_path, monkeypatch):
     _, heavy, files = split_examples()
     failures = run_all(heavy, Workspace(tmp_path, monkeypatch, files))
     assert not failures, f"{len(failures)} of {sum(map(len, heavy))} examples failed:\n" + "\n".join(failures)
+
+
+def help_examples(cli_here) -> list[Example]:
+    """The examples of every command's --help: the groups, each stage, pipe and each `nemotron jobs` command."""
+    from ultra3.cli.app import build_jobs
+    from ultra3.stages import STAGES
+
+    jobs = [c.name or c.callback.__name__ for c in build_jobs().registered_commands]
+    helps = [("ultra3", ()), ("ultra3", ("pipe",)), *(("ultra3", s.words) for s in STAGES), ("nemotron", ()),
+             ("nemotron", ("jobs",)), *(("nemotron", ("jobs", name)) for name in jobs)]
+    found = []
+    for prog, words in helps:
+        r = cli_here(*words, "--help", prog=prog)
+        assert r.rc == 0, r.err
+        for line in r.out.split("Examples:", 1)[1].splitlines() if "Examples:" in r.out else []:
+            if COMMAND.match(line.strip()):
+                example = Example(REPO / "help", 0, f"{prog} {' '.join(words)} --help: {line.strip()}", None)
+                example.env, example.argv = parse_command(line.strip())
+                found.append(example)
+    return found
+
+
+def test_every_help_example_runs_on_a_fresh_install(cli_here, tmp_path, monkeypatch):
+    """What a command's --help shows runs as written against the shipped env.toml.example (a submission as a dry
+    run), with no job made before it."""
+    examples = help_examples(cli_here)
+    assert len(examples) > 40 and any(e.prog == "nemotron" for e in examples), [e.text for e in examples]
+    workspace = Workspace(tmp_path / "fresh", monkeypatch, {})
+    failures = [f"{e.text}\n  {problem}" for e in examples if (problem := workspace.check(e))]
+    assert not failures, f"{len(failures)} of {len(examples)} help examples failed:\n" + "\n".join(failures)

@@ -99,6 +99,7 @@ class Stage:
     image: str | None = "training"  # the image kind its jobs run in (images.py); None: on the node itself
     named_configs: bool = False  # a bare word after the command names its config (`container build data`)
     profile_keys: tuple[tuple[str, str], ...] = ()  # NVIDIA's build_* profile keys it reads, and as which key
+    configs_note: str = ""  # what --help says of its configs beyond their names
 
     @property
     def name(self) -> str:

@@ -77,13 +77,10 @@ class StageCommand(TyperCommand):
     @property
     def epilog(self) -> str:  # type: ignore[override]
         from ..paths import config_names
-        from ..profiles import profile_names
 
-        path, profiles = profile_names(_env_file_arg(sys.argv[1:]))
         by = "-c, or the first word" if self.stage.named_configs else "-c"
-        lines = ["\b", f"Configs ({by}): {', '.join(config_names(self.stage.config_dir))}"]
-        lines.append(f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
-                     f"{f' in {path}' if path else ' (no env.toml found)'}")
+        lines = ["\b", f"Configs ({by}): {', '.join(config_names(self.stage.config_dir))}",
+                 *([f"  {self.stage.configs_note}"] if self.stage.configs_note else []), _profiles_line()]
         shown = dict.fromkeys(t for e in self.stage.examples for t in e.split()[1:] if "=" in t and t[0] != "-")
         lines.append(f"Overrides: dotted key=value, e.g. {' '.join([*list(shown)[:2], 'run.time=01:00:00'])}")
         for inp in self.stage.inputs:  # from the registry: what the stage consumes and makes
@@ -101,6 +98,15 @@ class StageCommand(TyperCommand):
     @epilog.setter
     def epilog(self, _value: str | None) -> None:
         pass
+
+
+def _profiles_line() -> str:
+    """The profiles of the env.toml the command would read, for help."""
+    from ..profiles import profile_names
+
+    path, profiles = profile_names(_env_file_arg(sys.argv[1:]))
+    return (f"Profiles (--run/--batch): {', '.join(profiles) if profiles else 'none'}"
+            f"{f' in {path}' if path else ' (no env.toml found)'}")
 
 
 def _stage_command(stage: Stage):
@@ -140,17 +146,28 @@ def _merge_group_options(ctx: typer.Context, given: dict) -> dict:
     return merged
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"{os.path.basename(sys.argv[0]) or 'ultra3'} {__version__}")
+        raise typer.Exit()
+
+
+VERSION = typer.Option(False, "--version", is_eager=True, callback=_version, help="Print the version and exit.")
+
+
 @_with_shared_options
-def _group_callback(ctx: typer.Context, **options) -> None:
+def _group_callback(ctx: typer.Context, version: bool = VERSION, **options) -> None:
     """Nemotron 3 Ultra training recipe: pretrain, sft, RL, data prep, quantize, checkpoint conversion and container
     image stages, and pipes of them.
 
     \b
     Examples:
       ultra3 pretrain -c tiny --dry-run
-      ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/blend.json
+      ultra3 data prep pretrain -c tiny
+      ultra3 pretrain -c tiny --run mycluster
       ultra3 sft -c tiny --run mycluster
-      ultra3 rl mopd --batch mycluster --dry-run
       ultra3 pipe -c tiny --dry-run
       nemotron jobs list
     """
@@ -163,7 +180,7 @@ PIPE_EXAMPLES = (
     "ultra3 pipe -c tiny --dry-run",
     "ultra3 pipe --batch mycluster",
     "ultra3 pipe -c tiny --run mycluster pretrain.train.train_iters=20",
-    "ultra3 pipe --batch mycluster --from sft --force",
+    "ultra3 pipe -c tiny --run mycluster --to sft --force",
 )
 
 
@@ -172,7 +189,7 @@ class PipeCommand(TyperCommand):
     def epilog(self) -> str:  # type: ignore[override]
         from ..paths import config_names
 
-        return "\n".join(["\b", f"Pipes (-c): {', '.join(config_names('pipe'))}",
+        return "\n".join(["\b", f"Pipes (-c): {', '.join(config_names('pipe'))}", _profiles_line(),
                           "Overrides: STEP.key=value, e.g. pretrain.train.train_iters=20", "", "\b", "Examples:",
                           *(f"  {e}" for e in PIPE_EXAMPLES)])
 
@@ -314,7 +331,11 @@ def build_jobs() -> typer.Typer:
 
 def build_nemotron() -> typer.Typer:
     app = _typer("nemotron", "Nemotron training recipes launcher.")
-    app.callback()(lambda: None)
+
+    @app.callback()
+    def _nemotron(version: bool = VERSION) -> None:
+        pass
+
     app.add_typer(build_ultra3(), name="ultra3",
                   help="Nemotron 3 Ultra stages: pretrain, sft, rl, data prep, quantize, convert, pipe.")
     app.add_typer(build_jobs(), name="jobs")

@@ -19,6 +19,7 @@ BUILD = Stage(
     ("container", "build"), "Build an image kind (training, rl, data) with podman into an enroot .sqsh named "
     "by its digest.", "container", "container_build", "process", ("python_version", "build_tools"), parts,
     image=None, named_configs=True,
+    configs_note="default: the training image (pretrain, sft, quantize), built when no kind is named",
     profile_keys=(("build_partition", "run.partition"), ("build_time", "run.time"),
                   ("build_cache_dir", "cache_dir"), ("build_registry", "registry")),
     examples=("ultra3 container build training --batch mycluster --dry-run",

@@ -40,9 +40,9 @@ MEGATRON_TO_HF = Stage(
     "convert/megatron_to_hf", "convert", "torchrun", CHECKS, parts,
     inputs=(Input("checkpoint", "megatron_checkpoint", ("sft-checkpoint", "pretrain-checkpoint")),),
     outputs=(Output("hf-checkpoint", "output_dir"),),
-    examples=("ultra3 convert megatron-to-hf --batch mycluster --dry-run",
-              "ultra3 convert megatron-to-hf --batch mycluster megatron_checkpoint=job:4f2a output_dir=/lustre/hf",
-              "ultra3 convert megatron-to-hf -c tiny --run gpu-box"),
+    examples=("ultra3 convert megatron-to-hf --batch mycluster --dry-run megatron_checkpoint=/lustre/ckpt/sft",
+              "ultra3 convert megatron-to-hf --batch mycluster megatron_checkpoint=/lustre/ckpt/sft "
+              "output_dir=/lustre/hf"),
 )
 
 

@@ -23,5 +23,5 @@ QUANTIZE = Stage(
     examples=("ultra3 quantize -c tiny", "ultra3 quantize -c tiny --dry-run",
               "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/ultra-bf16 "
               "output_dir=/lustre/ckpt/ultra-nvfp4",
-              "ultra3 quantize --batch mycluster bf16_checkpoint=null output_dir=/lustre/ckpt/ultra-nvfp4"),
+              "ultra3 quantize --batch mycluster bf16_checkpoint=/lustre/ckpt/sft calibration.path=/lustre/data/sft"),
 )

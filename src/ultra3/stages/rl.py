@@ -27,13 +27,18 @@ def _rl(step: str, summary: str, inputs: tuple[Input, ...], output: str, example
 
 RLVR = _rl("rlvr", "Student RLVR: GRPO with verifiable rewards from the SFT policy, NeMo RL on Ray over Slurm.",
            (Input("policy", "policy", ("sft-checkpoint",)), DATA), "rlvr-policy",
-           ("ultra3 rl rlvr -c rlvr1 --batch gb200 --dry-run",
-            "ultra3 rl rlvr -c rlvr2 --batch gb200 judges.genrm_url=http://genrm:8000/v1",
-            "ultra3 rl rlvr -c tiny --batch mycluster check_only=true"))
+           ("ultra3 rl rlvr -c rlvr1 --batch gb200 --dry-run policy=/lustre/ckpt/sft-hf data.dir=/lustre/data/rl "
+            "judges.genrm_model=/lustre/models/genrm sandbox.image=/lustre/sandbox.sqsh",
+            "ultra3 rl rlvr -c rlvr2 --batch gb200 policy=/lustre/ckpt/rlvr1-hf data.dir=/lustre/data/rl "
+            "judges.genrm_url=http://genrm:8000/v1 judges.genrm_model=genrm sandbox.image=/lustre/sandbox.sqsh",
+            "ultra3 rl rlvr -c tiny --batch mycluster check_only=true policy=/lustre/ckpt/sft-hf "
+            "data.dir=/lustre/data/rl"))
 TEACHER = _rl("teacher", "A specialised teacher (ifbench, rlhf, reasoning, swe): RL from the Student RLVR policy.",
               (Input("policy", "policy", ("rlvr-policy",), same_config=False), DATA), "teacher-policy",
-              ("ultra3 rl teacher -c ifbench --batch gb200 --dry-run",
-               "ultra3 rl teacher -c swe --batch gb200 sif_dir=/lustre/sif"))
+              ("ultra3 rl teacher -c ifbench --batch gb200 --dry-run policy=/lustre/ckpt/rlvr-hf "
+               "data.dir=/lustre/data/rl judges.genrm_model=/lustre/models/genrm",
+               "ultra3 rl teacher -c swe --batch gb200 policy=/lustre/ckpt/rlvr-hf data.dir=/lustre/data/rl "
+               "sif_dir=/lustre/sif"))
 MOPD = _rl("mopd", "Multi-teacher on-policy distillation of the Student RLVR policy from the teacher panel.",
            (Input("policy", "policy", ("rlvr-policy",), same_config=False), DATA,
             Input("general teacher", "teachers.general", ("rlvr-policy",), same_config=False),
@@ -41,5 +46,6 @@ MOPD = _rl("mopd", "Multi-teacher on-policy distillation of the Student RLVR pol
             *(Input(f"{role} teacher", f"teachers.{role}", ("teacher-policy",), required=False,
                     configs=(role, "default") if role == "ifbench" else (role,))
               for role in TEACHER_ROLES[1:])), "mopd-policy",
-           ("ultra3 rl mopd --batch gb200 --dry-run",
-            "ultra3 rl mopd --batch gb200 teachers.swe=/lustre/ckpt/swe-teacher"))
+           ("ultra3 rl mopd --batch gb200 --dry-run policy=/lustre/ckpt/rlvr-hf data.dir=/lustre/data/rl "
+            "teachers.general=/lustre/ckpt/rlvr-hf judges.genrm_model=/lustre/models/genrm "
+            "sandbox.image=/lustre/sandbox.sqsh",))

@@ -45,12 +45,12 @@ PRETRAIN = Stage(
     flags=FLAGS,
     examples=(
         "ultra3 pretrain -c tiny --dry-run",
-        "ultra3 pretrain --batch mycluster",
+        "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/phase1/blend.json "
+        "phase2.blend_path=/lustre/data/phase2/blend.json",
         "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/blend.json phase2.start_tokens=null",
-        "ultra3 pretrain -c long_context --batch gb200",
+        "ultra3 pretrain -c long_context --batch gb200 dataset.blend_path=/lustre/data/long/blend.json "
+        "dataset.mix.blend_path=/lustre/data/phase2/blend.json recipe.pretrained_checkpoint=/lustre/ckpt/pretrain",
         "ultra3 pretrain -c tiny --run mycluster train.train_iters=20",
-        "ultra3 pretrain --batch mycluster --fork ultra3-pretrain_20261128-101500-abc123@600000 "
-        "scheduler.lr_wsd_decay_iters=194728",
     ),
 )
 
@@ -64,7 +64,6 @@ SFT = Stage(
     flags=FLAGS,
     examples=(
         "ultra3 sft -c tiny --dry-run",
-        "ultra3 sft --batch mycluster",
         "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
     ),
 )
