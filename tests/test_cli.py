@@ -103,6 +103,14 @@ def test_help_says_what_the_code_does(cli_here):
         ok(cli_here("container", "build", "--help")).out
 
 
+def test_nvidia_s_image_build_command_names_ours(cli_here):
+    r = cli_here("kit", "slurm", "build", prog="nemotron")
+    assert r.rc == 2 and r.err_lines == [
+        "error: No such command 'kit'; NVIDIA's `nemotron kit slurm build` is `ultra3 container build "
+        "[training|rl|data] --run|--batch PROFILE` here (or `nemotron ultra3 container build ...`) (see 'nemotron "
+        "--help')"], r.err
+
+
 def test_data_prep_sft_help(cli):
     r = ok(cli("data", "prep", "sft", "--help"))
     assert r.out.startswith("Usage: ultra3 data prep sft [OPTIONS] [KEY=VALUE]...")

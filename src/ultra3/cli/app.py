@@ -358,6 +358,9 @@ def _command_hint(ctx, word: str) -> str:
     if ctx is None:
         return ""
     typed = [*ctx.command_path.split()[1:], word.lower()]
+    if typed == ["kit"]:  # NVIDIA's quick start builds its images with `nemotron kit slurm build`
+        return ("; NVIDIA's `nemotron kit slurm build` is `ultra3 container build [training|rl|data] --run|--batch "
+                "PROFILE` here (or `nemotron ultra3 container build ...`)")
     if ctx.command_path.split()[0] == "nemotron" and typed[0] != "ultra3":
         return ("; this launcher has the Nemotron 3 Ultra stages only: "
                 f"nemotron ultra3 {' '.join(typed[1:] or ['--help'])}")
