@@ -113,10 +113,11 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 CHECKPOINT_TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
 
 
-def artifact_name(kind: str, config: str, sample: int | None = None) -> str:
-    """Outputs of different configs (and of samples) never share a name, so a tiny or sampled run is
-    never the `latest` of the full run's artifact."""
-    return f"ultra3-{kind}-{config}" + (f"-sample-{sample}" if sample else "")
+def artifact_name(kind: str, config: str, sample: int | None = None, variant: str | None = None) -> str:
+    """Outputs of different configs (and of samples, and of runs whose data the command line replaced: a variant,
+    the digest of those values) never share a name, so a tiny, sampled or overridden run is never the `latest` of
+    the config's own artifact."""
+    return f"ultra3-{kind}-{config}" + (f"-{variant}" if variant else "") + (f"-sample-{sample}" if sample else "")
 
 
 SMALL_FILE_MAX = 1 << 20  # bytes: a manifest, `latest`, a job record or an exit code is far smaller
@@ -391,7 +392,8 @@ def _versioned(root: str, inp: dict) -> str | None:
 def record_outputs(cfg: dict, seconds: float) -> list[dict]:
     """Publish every output the completed job declared (`job.produces`) and write `<job dir>/outputs.json`.
     A manifest carries NVIDIA's fields (name, version, type, path, created_at, producer, metadata, inputs)
-    and ours: the producing stage, config, profile and config digest, the job's seconds, the sample size."""
+    and ours: the producing stage, config, profile and config digest, the job's seconds, the sample size, the
+    variant."""
     job = cfg.get("job") or {}
     published = []
     for out in job.get("produces") or []:
@@ -399,6 +401,7 @@ def record_outputs(cfg: dict, seconds: float) -> list[dict]:
             "format": ARTIFACT_FORMAT, "name": out["name"], "type": out["kind"], "path": out["path"],
             "producer": job.get("id"), "stage": job.get("stage"), "config": job.get("config"),
             "profile": job.get("profile"), "config_digest": job.get("digest"), "sample": cfg.get("sample"),
+            **({"variant": job["variant"]} if job.get("variant") else {}),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "created_ts": time.time(),
             "seconds": round(seconds, 1), **({"fork": job["fork"]} if job.get("fork") else {}),
             "inputs": [{**{k: i.get(k) for k in ("name", "key", "path", "producer")},

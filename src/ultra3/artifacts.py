@@ -81,7 +81,7 @@ class Store:
         empty), preferring config `prefer`'s."""
         for kind in kinds:  # the first kind with any artifact wins (sft before pretrain checkpoints)
             mine = [m for m in self.manifests() if m.get("type") == kind and m.get("profile") == profile
-                    and not m.get("sample") and (not only or m.get("config") in only)]
+                    and not m.get("sample") and not m.get("variant") and (not only or m.get("config") in only)]
             if mine:
                 return next((m for m in mine if m.get("config") == prefer), mine[0])
         return None
@@ -192,6 +192,28 @@ def _theirs(source: Source, manifest: dict, profile: str | None) -> Source:
     return source
 
 
+def variant(stage: Stage, config: str, flat: dict[str, Any], origin: dict[str, str], below: dict[str, Any],
+            explicit: set[str], report: Report) -> str | None:
+    """A short digest of the values the command line or a pipe (`explicit`) puts over what the stage config set
+    (`below`: its layers and the profile's) for a key that changes what the stage makes (any key but its
+    same_output); None when there is none, or the stage makes no variants. A key the config leaves empty (the
+    long-context data prep's datasets) is filled in, not replaced."""
+    if stage.same_output is None:
+        return None
+    given = {k: below[k] for k in below if below[k] not in (None, "", [], {})}
+    keys = sorted(k for k, v in flat.items() if origin.get(k) in explicit and k.split(".")[0] not in stage.same_output
+                  and any(k == b or k.startswith(b + ".") or b.startswith(k + ".") for b in given)
+                  and (k not in given or given[k] != v))
+    if not keys:
+        return None
+    found = hashlib.sha256(json.dumps({k: flat[k] for k in keys}, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    names = ", ".join(artifact_name(o.kind, config, flat.get("sample"), found) for o in stage.outputs)
+    report.note(keys[0], f"{', '.join(keys)} set in {origin[keys[0]]} over what config {config} sets: this run "
+                         f"publishes {names}, never {config}'s own latest; a later stage takes it only when named "
+                         f"({names.split(', ')[0]}:latest, or job:ID)")
+    return found
+
+
 def refuse_unread(stage: Stage, flat: dict[str, Any], origin: dict[str, str], order: list[str],
                   report: Report) -> None:
     """An input given in a layer above the one that switched it off (its `unless` key: mock data, a checkpoint
@@ -295,7 +317,8 @@ def produces(stage: Stage, config: dict[str, Any]) -> list[dict]:
         if base in (None, ""):
             continue
         folder = sample_dir(f"${{{o.key}}}", sample)
-        out.append({"name": artifact_name(o.kind, str(get(config, "job.config")), sample), "kind": o.kind,
+        out.append({"name": artifact_name(o.kind, str(get(config, "job.config")), sample, get(config, "job.variant")),
+                    "kind": o.kind,
                     "path": f"{folder}/{o.file}" if o.file else folder})
     return out
 

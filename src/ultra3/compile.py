@@ -45,6 +45,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
     executor = profile.executor if profile else "local"
     if profile:
         layers += _profile_layers(stage, profile, layers, report)
+    below = len(layers)  # the stage config and the profile; above them the pipe and the command line
     if options.pipe_layer:
         layers.append(options.pipe_layer)
     layers.append(parse_overrides(options.overrides))
@@ -52,6 +53,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
         read_as_ours(stage, layer, report)
 
     flat, origin = merge(layers)
+    variant = artifacts.variant(stage, config_path.stem, flat, origin, merge(layers[:below])[0],
+                                {layer.source for layer in layers[below:]}, report)
     artifacts.refuse_unread(stage, flat, origin, [layer.source for layer in layers], report)
     wired = _wire(stage, options, flat, origin)
     for key in [k for k in flat if k == "job" or k.startswith("job.")]:
@@ -66,7 +69,8 @@ def compile_job(stage: Stage, options: Options) -> Job:
                  "job.executor": executor, "job.runs_here": executors.executor(executor).runs_here,
                  "job.dir": JOB_DIR_PLACEHOLDER, "job.config": config_path.stem,
                  "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
-                 "job.profile": profile.name if profile else None, "job.checks": list(stage.checks)})
+                 "job.profile": profile.name if profile else None, "job.checks": list(stage.checks),
+                 **({"job.variant": variant} if variant else {})})
     if derive := stage.parts().derive:
         derive(flat, origin, report)
     tree = unflatten(flat)

@@ -54,7 +54,8 @@ class Report:
             source = self.origin.get(dotted)
             if (value is None and source is None) or isinstance(value, dict):  # a table: its leaves tell
                 continue
-            groups.setdefault(source or "default", []).append(f"{dotted}={_short(value)}")
+            # an input's source is already a phrase ("from <job> completed <date>")
+            groups.setdefault((source or "default").removeprefix("from "), []).append(f"{dotted}={_short(value)}")
         return " [" + "; ".join(f"{', '.join(items)} from {source}" for source, items in groups.items()) + "]"
 
     def note(self, key: str, message: str) -> None:

@@ -99,6 +99,8 @@ class Stage:
     image: str | None = "training"  # the image kind its jobs run in (images.py); None: on the node itself
     named_configs: bool = False  # a bare word after the command names its config (`container build data`)
     profile_keys: tuple[tuple[str, str], ...] = ()  # NVIDIA's build_* profile keys it reads, and as which key
+    same_output: tuple[str, ...] | None = None  # a stage whose runs with other data publish apart (data prep): the
+    # top-level keys that do not change what it makes; another key the command line or a pipe replaces makes a variant
     configs_note: str = ""  # what --help says of its configs beyond their names
 
     @property

@@ -12,6 +12,11 @@ FLAGS = (
     Flag("force", bool, "Redo everything, even finished shards."),
 )
 CHECKS = ("python_version", "image", "data_prep_packages", "data_prep_inputs")
+# where and how a run works, not what it makes: replacing any other key of the config makes a variant, published
+# under a name of its own (artifacts.variant)
+SAME_OUTPUT = ("run", "cluster", "output_dir", "sample", "force", "workers", "backend", "hf_cache_dir",
+               "progress_interval", "object_store_mb", "cpus_per_task", "encoder", "verify", "strict",
+               "max_bad_fraction")
 
 
 def parts(kind: str) -> Callable[[], Parts]:
@@ -35,7 +40,8 @@ def parts(kind: str) -> Callable[[], Parts]:
 
 def _data_prep(kind: str, summary: str, output: Output, examples: tuple[str, ...]) -> Stage:
     return Stage(("data", "prep", kind), summary, f"data_prep/{kind}", f"data_prep_{kind}", "ray", CHECKS,
-                 parts(kind), examples=examples, flags=FLAGS, outputs=(output,), image="data")
+                 parts(kind), examples=examples, flags=FLAGS, outputs=(output,), image="data",
+                 same_output=SAME_OUTPUT)
 
 
 PRETRAIN = _data_prep("pretrain", "Tokenize pretraining corpora into Megatron bin/idx shards (processes; Ray "

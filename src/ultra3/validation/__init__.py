@@ -12,13 +12,15 @@ collect every finding (none stops at the first) and add derived facts and printa
 * topology     TP inside a node, the expert group inside the NVLink domain (HybridEP)
 * schedule     token budget, warmup/decay in iterations and tokens, LR schedule sanity
 * phases       a pretraining run's phase-2 switch inside the run, per-phase tokens and LR; a mixed-in blend's share
+* blend_size   each pretraining blend's recorded train tokens against the tokens it feeds, its valid/test splits
 * memory       parameter counts and a per-GPU memory estimate against the GPU's HBM
 * long_run     on Slurm: run.grace_s against the time limit and the stop time, a checkpoint dir, checkpoints kept
 * fault_tolerance  ft_launcher and the FT package, in-process restart, async save, the straggler detectors
 
 Then our model keys are checked against a local HF config.json when `recipe.hf_model` names one.
 
-Stdlib only; I/O only for files the config names: the whole validation runs in a few milliseconds.
+Stdlib only; I/O only for files the config names (and a blend's summary beside it): the whole validation runs in a
+few milliseconds.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from __future__ import annotations
 from ultra3.findings import Report
 from ultra3.training_inputs import check_hf_config
 
-from . import (batch, cluster, fault_tolerance, long_run, memory, parallelism, phases, precision, schedule, sequence,
-               topology, values)
+from . import (batch, blend_size, cluster, fault_tolerance, long_run, memory, parallelism, phases, precision, schedule,
+               sequence, topology, values)
 
-RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, phases, memory, long_run,
-         fault_tolerance)
+RULES = (values, cluster, parallelism, sequence, batch, precision, topology, schedule, phases, blend_size, memory,
+         long_run, fault_tolerance)
 
 __all__ = ["RULES", "validate_training"]
 
