@@ -37,13 +37,15 @@ container_image = ""
 STAGE = {s.name: s for s in STAGES}
 CASES = [  # stage, config, profile, overrides, the Slurm ids the job waits for
     ("pretrain", "tiny", "ci", [], ()),
-    ("pretrain", "default", "blackwell", ["dataset.blend_path=/lustre/data/blend.json"], ()),
+    ("pretrain", "default", "blackwell", ["dataset.blend_path=/lustre/data/blend.json",
+                                          "phase2.blend_path=/lustre/data/phase2/blend.json"], ()),
     ("sft", "tiny", "extras", ["run.time=01:00:00", "recipe.pretrained_checkpoint=/lustre/ckpt"], ()),
     ("data prep pretrain", "tiny", "ci-cpu", [], ()),
     ("sft", "default", "extras", ["run.nodes=48", "model.pipeline_model_parallel_size=6", "dataset.mock=true",
                                   "recipe.pretrained_checkpoint=/lustre/ckpt"], ()),
     ("pretrain", "tiny", "ci", [], ("101",)),
-    ("pretrain", "default", "blackwell", ["dataset.blend_path=/lustre/data/blend.json"], ("101", "102")),
+    ("pretrain", "default", "blackwell", ["dataset.blend_path=/lustre/data/blend.json",
+                                          "phase2.blend_path=/lustre/data/phase2/blend.json"], ("101", "102")),
 ]
 
 
