@@ -18,6 +18,19 @@ def all_records() -> list[JobRecord]:
     return records.all_records(_handle_problem)
 
 
+def newest(n: int) -> list[JobRecord]:
+    """The n newest jobs, newest first, read through the registry's index (record_index)."""
+    return records.newest(n, _handle_problem, _scheduler_id)
+
+
+def save(record: JobRecord) -> None:
+    records.save(record, _scheduler_id(record))
+
+
+def _scheduler_id(record: JobRecord) -> str | None:
+    return for_record(record).scheduler_id(record)
+
+
 def _handle_problem(record: JobRecord) -> str | None:
     if record.executor not in NAMES:
         return f"executor {record.executor!r} is none of {', '.join(NAMES)}"
@@ -26,9 +39,8 @@ def _handle_problem(record: JobRecord) -> str | None:
 
 def find(ref: str) -> JobRecord:
     """A job id, its scheduler's id (a Slurm job id), or a unique prefix of a job id."""
-    known = all_records()
-    exact = [r for r in known if ref in (r.id, for_record(r).scheduler_id(r))]
-    matches = exact or [r for r in known if r.id.startswith(ref) or r.id.split("_", 1)[-1].startswith(ref)]
+    exact, prefixed = records.matching(ref, _handle_problem, _scheduler_id)
+    matches = exact or prefixed
     if not matches:
         raise UserError(f"no job '{ref}' in {records.registry_dir()}; see `nemotron jobs list`")
     if len(matches) > 1:

@@ -23,7 +23,7 @@ def launch(job: Job) -> None:
     record = where.submit(job, new_job_id(job))
     record.submitted = time.time()
     record.argv = sys.argv
-    records.save(record)
+    jobs.save(record)
     print(f"submitted {record.id} ({where.where(record)})\njob dir: {record.job_dir}", flush=True)
     if job.mode == "detached":
         _next_commands(record)

@@ -12,6 +12,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
+from . import record_index
 from .contract import read_json
 from .errors import UserError
 from .findings import skipped
@@ -76,12 +77,17 @@ def registry_dir() -> Path:
     return home / "jobs"
 
 
-def save(record: JobRecord) -> None:
-    registry_dir().mkdir(parents=True, exist_ok=True)
-    path = registry_dir() / f"{record.id}.json"
+def save(record: JobRecord, alias: str | None = None) -> None:
+    """`alias`: the id its scheduler knows it by, which `nemotron jobs` takes too (record_index)."""
+    folder = registry_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    indexed = record_index.current(folder)  # else the next look rebuilds it
+    path = folder / f"{record.id}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(record), indent=2))
     tmp.replace(path)
+    if indexed and (line := record_index.entry(path.stem, record.submitted, alias)):
+        record_index.add(folder, line)
 
 
 def _read(path: Path, check: Checker | None = None) -> JobRecord | None:
@@ -166,6 +172,55 @@ def _finite(number: int | float) -> bool:
 
 def load(job_id: str) -> JobRecord | None:
     return _read(registry_dir() / f"{job_id}.json")
+
+
+Alias = Callable[[JobRecord], "str | None"]  # the id its scheduler knows a (checked) record by
+
+
+def newest(n: int, check: Checker, alias: Alias) -> list[JobRecord]:
+    """The n newest readable records, newest first, reading only those (and the damaged ones, to name them)."""
+    folder = registry_dir()
+    found: list[JobRecord] = []
+    names = _index(folder, check, alias).newest(n)
+    for name in names:  # some may have been damaged since the index was written: the next ones then
+        if len(found) < n and (record := _read(folder / f"{name}.json", check)):
+            found.append(record)
+    if len(found) < n and len(names) > n:  # beyond the index's margin
+        return all_records(check)[:n]
+    return found
+
+
+def matching(ref: str, check: Checker, alias: Alias) -> tuple[list[JobRecord], list[JobRecord]]:
+    """The readable records `ref` names exactly (its id or its scheduler's id), and those whose id, or the part
+    after its first `_`, starts with it; each newest first."""
+    folder = registry_dir()
+    exact, prefixed = _index(folder, check, alias).matching(ref) if ref else ([], [])
+    return tuple([r for n in names if (r := _read(folder / f"{n}.json", check))]  # type: ignore[return-value]
+                 for names in (exact, prefixed))
+
+
+def _index(folder: Path, check: Checker, alias: Alias) -> record_index.Index:
+    """The index of the registry (rebuilt where it does not vouch for it); each damaged record named."""
+    if not folder.is_dir():
+        return record_index.Index(b"")
+    index = record_index.read(folder) or _rebuild(folder, check, alias)
+    if any(_read(folder / f"{name}.json", check) for name in index.damaged()):  # repaired by hand
+        index = _rebuild(folder, check, alias)
+    return index
+
+
+def _rebuild(folder: Path, check: Checker, alias: Alias) -> record_index.Index:
+    as_of = record_index.stamp(folder)
+    entries, damaged = [], []
+    for path in folder.glob("*.json"):
+        record = _read(path, check)
+        if (name := record_index.name(path.stem)) is None:
+            skipped(str(path), "job record", "its file name holds a tab or a line break")
+        elif record:
+            entries.append((record.submitted, record_index.entry(path.stem, record.submitted, alias(record))))
+        elif path.exists() or path.is_symlink():  # not removed meanwhile
+            damaged.append(name)
+    return record_index.write(folder, entries, damaged, as_of)
 
 
 def all_records(check: Checker | None = None) -> list[JobRecord]:

@@ -23,7 +23,7 @@ def _age(ts: float) -> str:
 
 def list_jobs(limit: int, where: JobFilter | None = None) -> None:
     where = where or JobFilter()
-    found = where.pick(jobs.all_records())
+    found = where.pick(jobs.all_records()) if where.any() else jobs.newest(limit)
     shown, states = where.states(found, limit)
     if not shown:
         print(f"no jobs {where.said()}(registry: {records.registry_dir()})" if where.any() else
@@ -54,7 +54,7 @@ def _newest_or(ref: str | None) -> str:
     """No id: the newest job, said on stderr so the output stays the job's."""
     if ref:
         return ref
-    newest = jobs.all_records()[:1]
+    newest = jobs.newest(1)
     if not newest:
         raise UserError(f"no jobs yet (registry: {records.registry_dir()}); submit one, e.g. ultra3 pretrain -c tiny")
     print(f"(the newest job: {newest[0].id})", file=sys.stderr)
