@@ -294,9 +294,12 @@ def test_mxfp8_needs_blackwell_but_fp8_runs_on_hopper():
     assert "mixed_precision" not in keys(validate(cfg), "error")
 
 
-def test_expert_group_beyond_the_nvlink_domain_warns_but_fits_nvl72():
-    warning = one(validate(pretrain()), "warning", "model.expert_model_parallel_size")
-    assert "32" in warning.message and "8 GPUs" in warning.message and "HybridEP" in warning.message
+def test_expert_group_beyond_the_nvlink_domain_warns_past_the_recipes_own_but_fits_nvl72():
+    note = one(validate(pretrain()), "note", "model.expert_model_parallel_size")  # the recipe's EP=32 on B200
+    assert "EP·ETP = 32 spans 4 NVLink domains of 8 GPUs" in note.message and "HybridEP" in note.message
+    warning = one(validate(setting(pretrain(), "model.expert_model_parallel_size", 64)), "warning",
+                  "model.expert_model_parallel_size")
+    assert "64" in warning.message and "8 GPUs" in warning.message and "PR#6043" in warning.message
     report = validate(pretrain(gpu="gb200", nodes=192, gpus_per_node=4))
     assert "model.expert_model_parallel_size" not in keys(report, "warning")
     assert report.errors == []
