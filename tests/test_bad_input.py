@@ -366,8 +366,8 @@ CASES = [
           r"did you mean models/nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16/ptq/nvfp4-4o6\?"]),
     Case("quantize-missing-inputs", ["quantize", "-c", "tiny", "make_checkpoint=false",
                                      "bf16_checkpoint=/nonexistent/ultra-bf16", "calibration.path=missing.jsonl"],
-         [r"bf16_checkpoint: /nonexistent/ultra-bf16 does not exist \(set in command line\); run `ultra3 rl mopd` "
-          r"or fix the path",
+         [r"bf16_checkpoint: /nonexistent/ultra-bf16 does not exist \(set in command line\); run `ultra3 rl mopd -c "
+          r"tiny` or fix the path",
           r"calibration\.path: missing\.jsonl matches no file on this machine \(set in command line\); fix the path"]),
     Case("quantize-input-in-its-own-job-dir", ["quantize", "-c", "tiny", "make_checkpoint=false", "--dry-run"],
          [r"bf16_checkpoint: \$\{job\.dir\}/tiny-bf16 is inside this job's own new directory, empty until the job "
@@ -451,4 +451,4 @@ def test_the_dry_run_checks_a_packed_sft_dir_as_training_would(cli_here, home, t
     make(packed)
     r = cli_here("sft", "-c", "tiny", "--dry-run", "dataset.mock=false", f"dataset.packed_dir={packed}")
     assert r.rc == 2 and r.err_lines == [f"error: dataset.packed_dir: {packed} {problem} (set in command line); run "
-                                         "`ultra3 data prep sft` or fix the path"], r.err
+                                         "`ultra3 data prep sft -c tiny` or fix the path"], r.err

@@ -195,7 +195,7 @@ def test_nvidia_config_keys_in_a_config_file_and_their_misuses(cli_here, nvidia,
                     f"data:\n  per_split_data_args_path: {tmp_path}/blend.json\n")
     r = cli_here("pretrain", "-c", str(mine), "--dry-run")  # read as ours: checked as ours
     assert r.rc == 2 and r.err_lines == [f"error: dataset.blend_path: {tmp_path}/blend.json does not exist (set in "
-                                         f"{mine}); run `ultra3 data prep pretrain` or fix the path"], r.err
+                                         f"{mine}); run `ultra3 data prep pretrain -c tiny` or fix the path"], r.err
     skip = cli_here("pretrain", "-c", "tiny", "--dry-run", "run.data=null")
     assert skip.rc == 0 and "note: run.data: null (set in command line): NVIDIA's way to skip the artifact lookup" \
         in skip.out
