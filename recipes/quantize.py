@@ -44,7 +44,7 @@ import time
 import warnings
 
 from .contract import INPUT_ERROR_EXIT
-from .dataprep.errors import DataPrepError
+from .dataprep.errors import DataPrepError, HubUnreachable
 from .dataprep.settings import load_config
 from .quantization import megatron_export
 from .quantization.errors import QuantizeError
@@ -126,7 +126,11 @@ def source(cfg: dict):
     try:
         return AutoConfig.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
     except OSError as e:
-        raise QuantizeError(f"bf16_checkpoint: cannot read {ckpt} ({str(e).splitlines()[0]})") from None
+        from .dataprep.hub import failed
+
+        found = failed(f"bf16_checkpoint: {ckpt}", e.__cause__ or e, "cannot be read")  # transformers wraps the hub's
+        raise (found if isinstance(found, HubUnreachable) else
+               QuantizeError(f"bf16_checkpoint: cannot read {ckpt} ({str(e).splitlines()[0]})")) from None
 
 
 def plan(config, quant_cfg: dict, recipe: str) -> dict:
@@ -260,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataPrepError as e:  # QuantizeError, or the config unreadable
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return INPUT_ERROR_EXIT
+    except HubUnreachable as e:  # the machine's failure, not the input's
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -227,6 +227,16 @@ def test_bad_input_is_one_line_exit_2_nothing_written(change, message, tmp_path)
     assert not (tmp_path / "out").exists() and not (tmp_path / "bf16").exists()
 
 
+def test_a_hub_checkpoint_out_of_reach_is_the_machines_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as without a network: nothing cached, nothing fetched
+    p = run_script(tiny_config(tmp_path, make_checkpoint=False, bf16_checkpoint="org/no-such-model"),
+                   tmp_path / "config.yaml")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("ultra3 quantize: error: bf16_checkpoint: org/no-such-model: the Hugging Face Hub cannot "
+                           "be reached from this machine ("), p.stderr
+
+
 @pytest.mark.parametrize("lines, message", [
     ('{"text": "fine"}\n{"txt": 1}\n', "bad.jsonl:2 is not a JSON record"),
     ('{"text": "too little text for 5 windows of 16 tokens"}\n',
