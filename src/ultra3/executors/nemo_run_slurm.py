@@ -106,8 +106,9 @@ def experiment(job: Job, job_id: str, exp_dir: str, after: list[str]) -> Iterato
         executor = build_executor(spec, ssh, jobs_root(job), staging, home, after)
         run = _import_nemo_run(home)
         with contextlib.redirect_stdout(io.StringIO()):  # NeMo-Run's console chatter
+            # skip_status_at_exit: no sacct for a status table no one reads
             with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True,
-                                enable_goodbye_message=False) as exp:
+                                enable_goodbye_message=False, skip_status_at_exit=True) as exp:
                 exp.add(run.Script(path=ENTRY_MODULE, entrypoint="python", m=True, args=["--config", CONFIG_FILE]),
                         name=spec.task, tail_logs=False)
                 _bound(exp.jobs[0].executor.tunnel)  # the experiment's copy of the executor runs the commands
