@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import our_jobs
+from conftest import our_jobs, wait_for
 
 from ultra3.forms import JOB_NAME_PREFIX_MAX
 from ultra3.stages import STAGES
@@ -115,6 +115,7 @@ def test_the_longest_job_name_prefix_runs_with_its_log_and_one_more_is_not_submi
     name = f"{prefix}data-prep-pretrain"
     logs = {re.sub(r"_\d+(_\d+)?\.out$", "", p.name) for p in (job_dir / "data-prep-pretrain").glob("*.out")}
     assert logs == {f"log-{name}", f"sbatch_{name}"}, logs
+    assert wait_for(lambda: not our_jobs(tmp_path))  # the attached run returns at the script's end, Slurm ends it after
     written = sorted(home.rglob("*"))
     r = cli(*DATA_PREP, "--batch", "ci-cpu", f"run.job_name_prefix={prefix}p")
     refused(r, "run.job_name_prefix", f"{JOB_NAME_PREFIX_MAX} characters at most")

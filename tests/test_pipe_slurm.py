@@ -83,7 +83,8 @@ def test_independent_steps_run_side_by_side_and_a_dependent_one_after_both(slurm
 
     for job in (first, second, third):
         wait_state(cli, job, "COMPLETED", "FAILED", "CANCELLED", timeout=600)
-    assert sacct_states([s1, s2, s3]) == {s1: "COMPLETED", s2: "COMPLETED", s3: "COMPLETED"}
+    done = {s1: "COMPLETED", s2: "COMPLETED", s3: "COMPLETED"}  # Slurm's accounting may lag the scripts' ends
+    assert wait_for(lambda: sacct_states([s1, s2, s3]) == done), sacct_states([s1, s2, s3])
     times = spans([s1, s2, s3])
     assert times[s1][0] < times[s2][1] and times[s2][0] < times[s1][1], times  # side by side
     assert times[s3][0] >= max(times[s1][1], times[s2][1]), times  # after both
@@ -156,7 +157,8 @@ def test_a_step_whose_outputs_were_removed_runs_again(slurm, cli, home, tmp_path
     assert f"data-sft: runs again: {gone}" in again.out
     assert list(submitted(again.out)) == ["data-sft"] and "quantize: skipped, done by " in again.out, again.out
     new_id, slurm_id, _ = submitted(again.out)["data-sft"]
-    assert sacct_states([slurm_id]) == {slurm_id: "COMPLETED"}
+    # the attached run returns at the script's end line, seconds before Slurm's accounting says COMPLETED
+    assert wait_for(lambda: sacct_states([slurm_id]) == {slurm_id: "COMPLETED"}), sacct_states([slurm_id])
     assert Path(store_manifests(store)[(new_id, "sft-data")]["path"], "metadata.json").is_file()  # made again
 
 
@@ -174,7 +176,8 @@ def test_a_failed_branch_cancels_only_what_waits_for_it(slurm, cli, home, tmp_pa
     assert r.rc not in (0, 2), r.out + r.err  # the job's own failure, not bad input
     steps = submitted(r.out)
     ids = [s for _, s, _ in steps.values()]
-    assert sacct_states(ids) == dict(zip(ids, ["FAILED", "COMPLETED", "CANCELLED"])), r.out + r.err
+    expected = dict(zip(ids, ["FAILED", "COMPLETED", "CANCELLED"]))  # Slurm's accounting may lag the script's end
+    assert wait_for(lambda: sacct_states(ids) == expected), (sacct_states(ids), r.out + r.err)
     bad = steps["data-pretrain"][0]
     assert f"== data-sft: {steps['data-sft'][0]} ==" in r.out  # followed after the failure
     assert f"quantize: CANCELLED (upstream {bad} FAILED): it waits for data-pretrain, which failed" in r.err_lines, \

@@ -238,7 +238,8 @@ def test_a_job_that_completes(slurm, cli, home):
     st = status(cli, m.group(1))
     assert (st["state"], st["exit_code"]) == ("COMPLETED", 0), st["text"]
     assert not st["reason"], st["text"]
-    assert sacct_states([m.group(2)]) == {m.group(2): "COMPLETED"}
+    # the attached run returns at the script's end line, seconds before Slurm's accounting says COMPLETED
+    assert wait_for(lambda: sacct_states([m.group(2)]) == {m.group(2): "COMPLETED"}), sacct_states([m.group(2)])
 
 
 # -- cancel --------------------------------------------------------------------------------------
