@@ -79,15 +79,3 @@ def test_another_exit_code_leaves_the_verdict_to_slurm(running):
 
     assert not thread.is_alive() and result["state"].state == "CANCELLED", result
 
-
-def test_a_later_shell_reads_the_same_end_while_slurm_still_says_running(running):
-    """`nemotron jobs status` right after an attached run returned: the script's exit code 0 is the job's end,
-    not Slurm's lagging RUNNING; an earlier attempt's non-zero end is not."""
-    from ultra3 import jobs
-
-    record, batch_out = running
-    batch_out.write_text("job exited with code 75\n")  # an attempt that requeued itself: the job goes on
-    assert jobs.state(record).state == "RUNNING"
-    batch_out.write_text("job exited with code 75\njob exited with code 0\n")
-    st = jobs.state(record)
-    assert (st.state, st.exit_code) == ("COMPLETED", 0) and record.handle["slurm_id"] in running_ids()

@@ -42,7 +42,7 @@ def _cluster_states(records: list[JobRecord]) -> dict[str, State]:
             if upstream and slurm_id(upstream):
                 known[job_id] = upstream
     found = _scheduler_states(list(known.values()))
-    by_id = {r.id: _ended(r, found.get(slurm_id(r))) or _job_dir_state(r) for r in known.values()}
+    by_id = {r.id: found.get(slurm_id(r)) or _job_dir_state(r) for r in known.values()}
     for r in records:
         _upstream_reason(r, by_id)
     return {r.id: by_id[r.id] for r in records}
@@ -104,16 +104,6 @@ def _scheduler_states(records: list[JobRecord]) -> dict[str, State]:
         if slurm_id(r) not in found and causes:
             found[slurm_id(r)] = _job_dir_state(r, "; ".join(causes))
     return found
-
-
-def _ended(record: JobRecord, st: State | None) -> State | None:
-    """A job Slurm still counts as running whose batch script ended with exit code 0 has completed: its last line
-    lands seconds before Slurm's accounting says so (an attempt that requeues itself exits non-zero). Read on the
-    login node only."""
-    if st is None or st.state not in ("RUNNING", "COMPLETING") or ssh(record):
-        return st
-    codes = EndMarks(record).codes
-    return State("COMPLETED", 0, "", "job dir") if codes[-1:] == [0] else st
 
 
 def _failed(command: str, proc) -> str:
