@@ -36,6 +36,7 @@ INPUT_ERROR = re.compile(r"^[\w. -]+: error: ")  # the start of a runtime's inpu
 CONFIG_FILE = "config.yaml"  # the job's resolved config, in its working directory
 ENTRY_MODULE = "recipes.launch"  # `python -m recipes.launch --config config.yaml`, on every node
 HEAD_NODE_VAR = "ULTRA3_HEAD_NODE"  # the first node's address, exported by the job script
+VERBOSE_VAR = "ULTRA3_VERBOSE"  # "1" in the job's environment (`ultra3 -v`): third-party noise stays in the log
 GROUP_RESOURCE = "ultra3_group_"  # + a layout group's name: the Ray resource each node of that group has
 IMAGE_ID = "/opt/ultra3/image.json"  # in an image `ultra3 container build` made: {"kind", "digest"}
 

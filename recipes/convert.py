@@ -41,6 +41,7 @@ import shutil
 import sys
 import time
 
+from . import quiet
 from .contract import CONVERSION_REPORT, INPUT_ERROR_EXIT
 from .conversion.checks import REFERENCE, STAGES, ConvertError, is_local, precheck, settings
 from .conversion.parity import Parity, ParityFailed, held_out_ids, hf_logits, parity
@@ -301,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
+    quiet.install()
     try:
         return run(args.config)
     except DataPrepError as e:  # ConvertError, or the config unreadable: every rank finds it, rank 0 says it

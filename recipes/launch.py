@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from . import attempts, contract, preflight
+from . import attempts, contract, preflight, quiet
 from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK, RDZV_PORT
 from .nodes import free_port, preflight_everywhere, run_child
 from .ray_nodes import ray_across_nodes
@@ -55,6 +55,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
+    quiet.install()  # before anything starts: its settings reach the recipe, its ranks and Ray's nodes
     # one write per line (not two, as unbuffered print does): the nodes' launchers share the job log
     sys.stdout.reconfigure(line_buffering=True, write_through=False)
     cfg = load(args.config)

@@ -41,8 +41,8 @@ import os
 import shutil
 import sys
 import time
-import warnings
 
+from . import quiet
 from .contract import INPUT_ERROR_EXIT
 from .dataprep.errors import DataPrepError, HubUnreachable
 from .dataprep.settings import load_config
@@ -93,7 +93,8 @@ def load_recipe(name: str) -> dict:
     from modelopt.recipe import load_recipe as load
 
     try:
-        recipe = load(name)
+        with quiet.prints():  # `[load_recipe] loading: ...`
+            recipe = load(name)
     except Exception as e:  # a missing name or file, bad YAML, a schema error: the user's input
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise QuantizeError(f"modelopt_recipe: cannot load {name!r} ({first}); give a recipe shipped in ModelOpt's "
@@ -194,7 +195,8 @@ def quantize_hf(cfg: dict, config, tokenizer, quant_cfg: dict, staging: str) -> 
                 m(calib_windows[i:i + batch])
 
     t0 = time.time()
-    model = mtq.quantize(model, quant_cfg, forward_loop)
+    with quiet.prints():  # the modules it found and the quantizers it inserted
+        model = mtq.quantize(model, quant_cfg, forward_loop)
     timings["calibrate_s"] = time.time() - t0
     metrics = accuracy.compare(reference, accuracy.logits(model, held_out, batch), held_out)
     log(f"accuracy on {metrics['held_out_tokens']:,} held-out tokens: relative logit error "
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", module="modelopt.*")  # version and optional-plugin notices
+    quiet.install()
     try:
         return run(args.config)
     except DataPrepError as e:  # QuantizeError, or the config unreadable

@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Callable
 
+from . import quiet
 from .contract import GROUP_RESOURCE, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK
 from .nodes import WAIT_S, free_port, job_file, read, run_child
 
@@ -62,8 +63,8 @@ def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.
     (GROUP_RESOURCE + name, one per node) and its place in the topology (topology_resources), no dashboard,
     free ports (Ray's fixed defaults, such as the dashboard agent's 52365, collide between Rays on one
     machine)."""
-    argv = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", "--disable-usage-stats",
-            f"--temp-dir={temp}", "--min-worker-port=0", "--max-worker-port=0",
+    argv = [os.path.join(os.path.dirname(sys.executable), "ray"), *quiet.RAY_CLI_OPTIONS, "start", "--block",
+            "--disable-usage-stats", f"--temp-dir={temp}", "--min-worker-port=0", "--max-worker-port=0",
             f"--dashboard-agent-listen-port={free_port(ip)}", *extra]
     if ip:
         argv.append(f"--node-ip-address={ip}")
@@ -78,7 +79,7 @@ def _ray_start(cfg: dict, ip: str | None, temp: str, *extra: str) -> subprocess.
     if cfg.get("object_store_mb"):
         argv.append(f"--object-store-memory={int(cfg['object_store_mb']) << 20}")
     print("+ " + " ".join(argv))
-    return subprocess.Popen(argv)
+    return quiet.RayCli(argv)
 
 
 def topology_resources() -> dict[str, int]:
@@ -195,7 +196,7 @@ def _connect(ray, address: str, head: subprocess.Popen) -> None:
     deadline = time.time() + WAIT_S
     while True:
         try:
-            ray.init(address=address, logging_level="ERROR")
+            ray.init(address=address, logging_level=quiet.RAY_LEVEL)
             return
         except ConnectionError:
             if head.poll() is not None or time.time() > deadline:

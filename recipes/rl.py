@@ -36,6 +36,7 @@ import time
 
 import yaml
 
+from . import quiet
 from .contract import CONTINUE_EXIT, GROUP_RESOURCE, PREFLIGHT_EXIT, PREFLIGHT_MARK, newest_step
 from .dataprep.errors import DataPrepError
 from .dataprep.settings import cli
@@ -77,7 +78,7 @@ def cluster_preflight(cfg: dict) -> str | None:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=address, logging_level="ERROR")
+    ray.init(address=address, logging_level=quiet.RAY_LEVEL)
     try:
         alive = [n for n in ray.nodes() if n["Alive"]]
         gpus = int(cfg["run"].get("gpus_per_node") or 0)

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import inspect
-import logging
 import os
 import signal
 import sys
 import threading
 import time
 
+from .. import quiet
 from . import stop
 from .errors import BadRecordError, DataPrepError
 from .pool import ClusterError, Pool, local_cpus
@@ -161,13 +161,13 @@ class Cluster:
 
     def _init(self, ray) -> None:
         if self.address:
-            ray.init(address=self.address, runtime_env={"py_modules": [PACKAGE]}, logging_level=logging.ERROR)
+            ray.init(address=self.address, runtime_env={"py_modules": [PACKAGE]}, logging_level=quiet.RAY_LEVEL)
             return
         parent = os.path.dirname(PACKAGE)
         paths = [parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != parent]
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         ray.init(num_cpus=local_cpus(), num_gpus=0, include_dashboard=False,
-                 object_store_memory=self.object_store_mb << 20, logging_level=logging.ERROR)
+                 object_store_memory=self.object_store_mb << 20, logging_level=quiet.RAY_LEVEL)
 
     def put(self, value):
         """A large task argument, sent once (Ray's object store) or with each task (processes)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..contract import ATTEMPTS_FILE, INPUT_ERROR_EXIT, NAME, ledger_entries  # NAME: what a dataset name may be
+from .. import quiet
 from . import inputs, stop
 from .cluster import ClusterError
 from .errors import DISK_FULL, DataPrepError, HubUnreachable
@@ -27,6 +28,7 @@ def cli(prog: str, description: str, run: Callable[[str], int], argv: list[str] 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
+    quiet.install()
     try:
         with stop.armed() if stops else contextlib.nullcontext():
             return run(args.config)

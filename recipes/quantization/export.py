@@ -14,6 +14,8 @@ import json
 import os
 import re
 
+from .. import quiet
+
 SENTINEL = re.compile(r"\.\x00[^\x00]*?sentinel")  # e.g. ".\x00backbone.pt_name_sentinel"
 QUANT_FILES = ("hf_quant_config.json", "config.json")
 
@@ -63,6 +65,7 @@ def export(model, tokenizer, source: str, out: str) -> dict:
 
     mtp = mtp_weights(source)
     model._mtp_layer_prefixes = mtp_layer_prefixes(mtp)
-    export_hf_checkpoint(model, export_dir=out, extra_state_dict=mtp or None)
+    with quiet.prints():  # the MTP layers it leaves unquantized
+        export_hf_checkpoint(model, export_dir=out, extra_state_dict=mtp or None)
     tokenizer.save_pretrained(out)
     return {"mtp_tensors": len(mtp), "sentinel_names_fixed": fix_sentinel_names(out)}

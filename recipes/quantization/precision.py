@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .. import quiet
+
 BF16_BITS = 16.0
 
 
@@ -132,7 +134,8 @@ def plan(config, quant_cfg: dict):
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return mtq.quantize(model, {**quant_cfg, "algorithm": None}, None)
+    with quiet.prints():
+        return mtq.quantize(model, {**quant_cfg, "algorithm": None}, None)
 
 
 def enabled_quantizers(model) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from .. import quiet
 from ..contract import CONTINUE_EXIT, CONTINUE_SIGNAL, INPUT_ERROR_EXIT
 from ..ft_launcher import rank_exit
 from .blend_mix import BlendError, write_mixed
@@ -118,6 +119,7 @@ def main(stage: str) -> None:
     parser = argparse.ArgumentParser(description=f"ultra3 {stage} runtime")
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
+    quiet.install()
     from .precision import PrecisionError
 
     with rank_exit():  # under ft_launcher: an exit no in-job restart may repeat is kept for the launcher

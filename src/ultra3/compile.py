@@ -3,13 +3,14 @@ executor rules and the stage's validation rules. All errors are collected before
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from . import artifacts, executors, images, leaks
 from .artifacts import Source
 from . import schema as schemas
-from .contract import NAME
+from .contract import NAME, VERBOSE_VAR
 from .config import CLI_SOURCE, Layer, flatten, find_config, load_layers, merge, parse_overrides, resolve, unflatten
 from .dotted import get, put
 from .errors import InvalidConfig, UserError
@@ -71,6 +72,7 @@ def compile_job(stage: Stage, options: Options) -> Job:
                  "job.outputs": f"{OUTPUTS_PLACEHOLDER}/{stage.slug}/{config_path.stem}",
                  "job.profile": profile.name if profile else None, "job.checks": list(stage.checks),
                  **({"job.variant": variant} if variant else {})})
+    _verbose(flat, origin)
     if derive := stage.parts().derive:
         derive(flat, origin, report)
     tree = unflatten(flat)
@@ -104,6 +106,15 @@ def compile_job(stage: Stage, options: Options) -> Job:
     if report.errors:
         raise InvalidConfig(report.errors)
     return job
+
+
+def _verbose(flat: dict[str, Any], origin: dict[str, str]) -> None:
+    """`ultra3 -v` (VERBOSE_VAR=1 here): the job's environment says so, and its runtime keeps the libraries'
+    warnings, INFO lines and progress bars in the log (recipes/quiet.py)."""
+    if os.environ.get(VERBOSE_VAR) == "1" and flat.get("run.env", {}) in ({}, None):  # a bad value: schema's error
+        flat.pop("run.env", None)
+        key = f"run.env.{VERBOSE_VAR}"
+        flat[key], origin[key] = "1", "-v"
 
 
 def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile | None, executor: str,

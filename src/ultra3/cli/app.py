@@ -34,6 +34,14 @@ def _typer(name: str, help: str) -> typer.Typer:
                        pretty_exceptions_enable=False, context_settings=HELP)
 
 
+def _verbose(value: bool) -> None:
+    """The job learns it from its environment (run.env), where the compiled config puts VERBOSE_VAR=1."""
+    if value:
+        from ..contract import VERBOSE_VAR
+
+        os.environ[VERBOSE_VAR] = "1"
+
+
 # Options every stage takes, after `ultra3` (before the stage name) or after the stage name.
 SHARED_OPTIONS = {
     "config": (Optional[str], typer.Option(None, "-c", "--config", metavar="NAME|PATH",
@@ -46,6 +54,9 @@ SHARED_OPTIONS = {
                                    help="Validate and print the compiled job; submit nothing.")),
     "env_file": (Optional[str], typer.Option(None, "--env-file", metavar="PATH",
                                              help="env.toml to read profiles from.")),
+    "verbose": (bool, typer.Option(False, "-v", "--verbose", callback=_verbose,
+                                   help="Keep the libraries' warnings, INFO lines and progress bars in the job's "
+                                        "log (Megatron, transformers, ModelOpt, tqdm, Ray).")),
 }
 
 
