@@ -220,12 +220,12 @@ CASES = [
          [r"\S*/env\.toml: top-level key 'executor' must be a \[profile\] table$"],
          files={"env.toml": 'executor = "slurm"\n[ci]\nexecutor = "slurm"\naccount = "ultra3"\n'}, submits=True),
     # -- flags -----------------------------------------------------------------------------------------
-    Case("flag-unknown", ["pretrain", "-c", "tiny", "--bogus"],
-         [r"No such option: --bogus \(see 'ultra3 pretrain --help'\)$"]),
+    Case("flag-unknown", ["pretrain", "-c", "tiny", "--frobnicate"],  # none near it: no `Possible options:`
+         [r"No such option: --frobnicate \(see 'ultra3 pretrain --help'\)$"]),
     Case("flag-unknown-before-stage", ["--foo", "pretrain", "-c", "tiny"],
          [r"No such option: --foo \(see 'ultra3 --help'\)$"]),
-    Case("flag-unknown-nemotron", ["ultra3", "pretrain", "-c", "tiny", "--bogus"],
-         [r"No such option: --bogus \(see 'nemotron ultra3 pretrain --help'\)$"], prog="nemotron"),
+    Case("flag-unknown-nemotron", ["ultra3", "pretrain", "-c", "tiny", "--frobnicate"],
+         [r"No such option: --frobnicate \(see 'nemotron ultra3 pretrain --help'\)$"], prog="nemotron"),
     # NVIDIA's CLI turns `--sample 100` into sample=True: here it is refused
     Case("flag-data-prep-only", ["pretrain", "-c", "tiny", "--sample", "100"],
          [r"No such option: --sample \(see 'ultra3 pretrain --help'\)$"]),
