@@ -300,6 +300,42 @@ def resolve_ref(root: str, ref: str, bad: Callable[[str, str], None] | None = No
 
 
 CONVERSION_REPORT = "conversion_report.json"  # in a converted checkpoint: its parity figures
+QUANT_CONFIG = "hf_quant_config.json"  # in a ModelOpt-quantized Hugging Face checkpoint: its quantization
+
+
+def quantization(folder: str) -> str | None:
+    """The quantization algorithm of a Hugging Face checkpoint dir ("NVFP4", ...); None for an unquantized one."""
+    for name, path in ((QUANT_CONFIG, ("quantization", "quant_algo")), ("config.json", ("quantization_config",
+                                                                                         "quant_algo"))):
+        try:
+            found = json.loads(read_small(os.path.join(folder, name)))
+            for key in path:
+                found = found.get(key) if isinstance(found, dict) else None
+        except (OSError, ValueError):
+            continue
+        if found:
+            return str(found)
+    return None
+
+
+# -- evaluation results (an eval-results artifact's results.json, read by `nemotron jobs status|compare`) ------
+RESULTS_FILE = "results.json"
+
+
+def score_lines(results: dict) -> list[str]:
+    """One line per task of a results.json: task, metric, score ± stderr, samples, few-shot count."""
+    lines = []
+    for name, task in (results.get("tasks") or {}).items():
+        if not isinstance(task, dict):
+            continue
+        score, stderr = task.get("score"), task.get("stderr")
+        shown = f"{score:.4f}" if isinstance(score, (int, float)) else "n/a"
+        if isinstance(stderr, (int, float)):
+            shown += f" ± {stderr:.4f}"
+        metric = str(task.get("metric") or "?").removesuffix(",none")  # lm-eval's metric,filter: no filter
+        lines.append(f"{name:<28} {metric:<22} {shown:<20} {task.get('samples')} samples, "
+                     f"{task.get('num_fewshot')}-shot")
+    return lines
 
 
 def describe(path: str) -> dict:
@@ -376,7 +412,7 @@ def sample_dir(output_dir: str, sample: int | None) -> str:
     return f"{output_dir}/sample-{sample}" if sample else output_dir
 
 
-def _versioned(root: str, inp: dict) -> str | None:
+def versioned(root: str, inp: dict) -> str | None:
     """NAME:vN of a consumed artifact; a pipe wires an input before its producer has published, so the
     version is looked up now, from the producer's manifest."""
     ref = inp.get("artifact")
@@ -406,7 +442,7 @@ def record_outputs(cfg: dict, seconds: float) -> list[dict]:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "created_ts": time.time(),
             "seconds": round(seconds, 1), **({"fork": job["fork"]} if job.get("fork") else {}),
             "inputs": [{**{k: i.get(k) for k in ("name", "key", "path", "producer")},
-                        "artifact": _versioned(job["artifacts_root"], i)}
+                        "artifact": versioned(job["artifacts_root"], i)}
                        for i in job.get("inputs") or [] if i.get("path")],
             "metadata": describe(out["path"]),
         }

@@ -261,7 +261,8 @@ INPUTS = {("pretrain", "default"): ["dataset.blend_path=/lustre/data/blend.json"
                                "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain"],
           ("sft", "tiny"): ["recipe.pretrained_checkpoint=/lustre/ckpt/pretrain-tiny"],
           ("convert megatron-to-hf", "default"): ["megatron_checkpoint=/lustre/ckpt/sft"],
-          ("convert megatron-to-hf", "tiny"): ["megatron_checkpoint=/lustre/ckpt/sft-tiny"]}
+          ("convert megatron-to-hf", "tiny"): ["megatron_checkpoint=/lustre/ckpt/sft-tiny"],
+          ("eval", "default"): ["checkpoint=/lustre/ckpt/sft-hf"]}
 SANDBOX = "sandbox.image=/lustre/images/nemo-skills-sandbox.sqsh"
 RL_INPUTS = {"rl rlvr": ["policy=/lustre/ckpt/sft-hf", "data.dir=/lustre/data/rl", SANDBOX],
              "rl teacher": ["policy=/lustre/ckpt/rlvr-hf", "data.dir=/lustre/data/rl"],

@@ -45,7 +45,7 @@ def commands(help_text: str) -> list[str]:
 def test_ultra3_help_lists_the_stages(cli):
     r = ok(cli("--help"))
     assert r.out.startswith("Usage: ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data", "rl", "container", "convert"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "eval", "pipe", "data", "rl", "container", "convert"]
     assert "ultra3 pretrain -c tiny --dry-run" in r.out
     assert commands(ok(cli("container", "--help")).out) == ["build"]
     assert commands(ok(cli("data", "prep", "--help")).out) == ["pretrain", "sft", "rl"]
@@ -64,7 +64,7 @@ def test_nemotron_help_lists_ultra3_and_jobs(cli):
 def test_nemotron_ultra3_help_lists_the_stages(cli):
     r = ok(cli("ultra3", "--help", prog="nemotron"))
     assert r.out.startswith("Usage: nemotron ultra3 ")
-    assert commands(r.out) == ["pretrain", "sft", "quantize", "pipe", "data", "rl", "container", "convert"]
+    assert commands(r.out) == ["pretrain", "sft", "quantize", "eval", "pipe", "data", "rl", "container", "convert"]
 
 
 def test_stage_help_lists_configs_profiles_and_examples(cli, tmp_path):

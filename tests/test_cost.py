@@ -176,4 +176,4 @@ def test_every_stage_has_a_cost_model():
     assert models == {"pretrain": "training", "sft": "training", "data prep pretrain": "data_prep",
                       "data prep sft": "data_prep", "data prep rl": "data_prep", "quantize": "quantize",
                       "rl rlvr": "rl", "rl teacher": "rl", "rl mopd": "rl", "container build": "image_build",
-                      "convert hf-to-megatron": "_cost", "convert megatron-to-hf": "_cost"}
+                      "convert hf-to-megatron": "_cost", "convert megatron-to-hf": "_cost", "eval": "_cost"}

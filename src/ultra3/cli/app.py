@@ -321,6 +321,14 @@ def build_jobs() -> typer.Typer:
         show_lineage(job)
 
     @app.command()
+    def compare(results: list[str] = typer.Argument(..., help="Eval results: job ids (or prefixes), artifacts "
+                                                              "NAME:latest|NAME:vN, or results.json paths.")) -> None:
+        """Eval results side by side: each task's score, its difference to the first, inside the stderr or not."""
+        from .jobs import compare_results
+
+        compare_results(results)
+
+    @app.command()
     def plot(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, or a unique prefix (default: the "
                                                             "newest job)."),
              output: Optional[str] = typer.Option(None, "-o", "--output", help="The PNG to write (default: "

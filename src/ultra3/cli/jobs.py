@@ -1,5 +1,5 @@
-"""`nemotron jobs list | status | logs | cancel | lineage | plot | goodput`; status, cancel and goodput also take a
-pipe id."""
+"""`nemotron jobs list | status | logs | cancel | lineage | compare | plot | goodput`; status, cancel and goodput
+also take a pipe id."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ def show_status(ref: str | None) -> None:
     print(f"job dir:   {r.job_dir}{host}")
     print(f"log:       {where.log_at(r)}")
     for line in _progress(r):
+        print(line)
+    from ..eval_results import status_lines  # an eval job's scores
+
+    for line in status_lines(r):
         print(line)
     if len(tried) > 1:
         _attempt_table(tried)
@@ -206,6 +210,13 @@ def show_lineage(ref: str) -> None:
     from ..lineage import print_lineage
 
     print_lineage(jobs.find(ref))
+
+
+def compare_results(refs: list[str]) -> None:
+    from ..eval_results import compare_lines, load
+
+    for line in compare_lines([load(ref) for ref in refs]):
+        print(line)
 
 
 def show_plot(ref: str | None, output: str | None) -> None:

@@ -4,11 +4,12 @@ from here; a new stage is its module's entry in STAGES, a config dir and a runti
 from __future__ import annotations
 
 from ..stage import Stage
-from . import container, convert, data_prep, quantize, rl, training
+from . import container, convert, data_prep, eval, quantize, rl, training
 
 STAGES: tuple[Stage, ...] = (
     training.PRETRAIN, training.SFT, data_prep.PRETRAIN, data_prep.SFT, data_prep.RL, quantize.QUANTIZE,
     rl.RLVR, rl.TEACHER, rl.MOPD, container.BUILD, convert.HF_TO_MEGATRON, convert.MEGATRON_TO_HF,
+    eval.EVAL,
 )
 
 
