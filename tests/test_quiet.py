@@ -49,6 +49,13 @@ def test_v_reaches_the_jobs_environment(cli, where):
     assert "ULTRA3_VERBOSE" not in quiet.out
 
 
+def test_v_reaches_every_step_of_a_pipe(cli):
+    pipe = ["pipe", "-c", "tiny", "--batch", "ci", "--dry-run", "--full"]
+    verbose, quiet = cli("-v", *pipe), cli(*pipe)
+    assert verbose.rc == quiet.rc == 0, verbose.err + quiet.err
+    assert verbose.out.count("export ULTRA3_VERBOSE=1") == 5 and "ULTRA3_VERBOSE" not in quiet.out
+
+
 # -- the filters, in a real runtime process ------------------------------------------------------------------------
 FILTERED = """
 import logging, sys, warnings
