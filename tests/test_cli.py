@@ -11,7 +11,7 @@ import yaml
 
 def section(out: str, title: str) -> str:
     """The body of the dry run's `== title ... ==` section."""
-    match = re.search(rf"^== {re.escape(title)}[^\n]*==\n(.*?)(?=^== |^Dry run:)", out, re.S | re.M)
+    match = re.search(rf"^== {re.escape(title)}[^\n]*==\n(.*?)(?=^== |^Not shown |^Dry run:)", out, re.S | re.M)
     assert match, f"no section '{title}' in:\n{out}"
     return match.group(1)
 
@@ -131,21 +131,21 @@ def test_nemotron_ultra3_prints_the_same_dry_run(cli, home):
 
 
 def test_options_before_the_stage_equal_options_after(cli):
-    after = ok(cli("pretrain", "-c", "tiny", "-d"))
-    assert ok(cli("-c", "tiny", "-d", "pretrain")).out == after.out
-    assert ok(cli("-d", "pretrain", "-c", "tiny")).out == after.out
+    after = ok(cli("pretrain", "-c", "tiny", "-d", "--full"))
+    assert ok(cli("-c", "tiny", "-d", "--full", "pretrain")).out == after.out
+    assert ok(cli("-d", "--full", "pretrain", "-c", "tiny")).out == after.out
     ckpt = "recipe.pretrained_checkpoint=/lustre/ckpt"  # a cluster path: a warning on this machine
-    profile_after = ok(cli("sft", "-c", "tiny", "-b", "ci", "-d", "train.train_iters=3", ckpt))
-    profile_before = ok(cli("--batch=ci", "--dry-run", "sft", "--config=tiny", "train.train_iters=3", ckpt))
+    profile_after = ok(cli("sft", "-c", "tiny", "-b", "ci", "-d", "--full", "train.train_iters=3", ckpt))
+    profile_before = ok(cli("--batch=ci", "--dry-run", "--full", "sft", "--config=tiny", "train.train_iters=3", ckpt))
     assert profile_before.out == profile_after.out
     assert "profile 'ci'" in profile_after.out
     assert compiled(profile_after.out)["train"]["train_iters"] == 3
 
 
 def test_config_equals_form(cli):
-    short = ok(cli("pretrain", "-c", "tiny", "-d"))
-    assert ok(cli("pretrain", "--config=tiny", "-d")).out == short.out
-    assert ok(cli("pretrain", "--config", "tiny", "--dry-run")).out == short.out
+    short = ok(cli("pretrain", "-c", "tiny", "-d", "--full"))
+    assert ok(cli("pretrain", "--config=tiny", "-d", "--full")).out == short.out
+    assert ok(cli("pretrain", "--config", "tiny", "--dry-run", "--full")).out == short.out
     assert compiled(short.out)["model"]["num_layers"] == 7  # the tiny model, not the default
 
 
@@ -158,7 +158,7 @@ def test_same_option_twice_with_the_same_value(cli):
 
 def test_dry_run_provenance_and_precedence(cli, home):
     # tiny.yaml sets run.time 00:30:00; profile ci sets time 00:05:00: the profile wins
-    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "train.train_iters=20", "-d"))
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "train.train_iters=20", "-d", "--full"))
     rows = provenance(r.out)
     assert rows["train.train_iters"] == ("20", "command line")
     assert rows["run.account"] == ("ultra3", "profile 'ci' (env.toml)")
@@ -172,7 +172,7 @@ def test_dry_run_provenance_and_precedence(cli, home):
     assert "#SBATCH --time=00:05:00" in section(r.out, "sbatch script")
 
     # the command line wins over the profile, and says so
-    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "run.time=01:00:00", "-d"))
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "run.time=01:00:00", "-d", "--full"))
     assert provenance(r.out)["run.time"] == ("01:00:00", "command line")
     assert compiled(r.out)["run"]["time"] == "01:00:00"
     assert "#SBATCH --time=01:00:00" in section(r.out, "sbatch script")
@@ -181,13 +181,13 @@ def test_dry_run_provenance_and_precedence(cli, home):
 
 
 def test_slurm_time_without_leading_zero_stays_a_string(cli):
-    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "run.time=4:00:00", "-d"))
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "run.time=4:00:00", "-d", "--full"))
     assert compiled(r.out)["run"]["time"] == "4:00:00"
     assert "#SBATCH --time=4:00:00" in section(r.out, "sbatch script")
 
 
 def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(cli, home):
-    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run"))
+    r = ok(cli("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run", "--full"))
     assert "profile 'ci' (slurm, " in r.out.splitlines()[0]
     assert r.out.splitlines()[0].endswith("mode detached")
     script = section(r.out, "sbatch script")
@@ -198,12 +198,51 @@ def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(cli, home):
     assert "python -m recipes.launch --config config.yaml" in script
     assert "== local command" not in r.out
     assert r.out.rstrip().endswith("Dry run: nothing was written or submitted.")
-    assert "mode attached" in ok(cli("pretrain", "-c", "tiny", "--run", "ci", "-d")).out.splitlines()[0]
+    assert "mode attached" in ok(cli("pretrain", "-c", "tiny", "--run", "ci", "-d", "--full")).out.splitlines()[0]
     assert not home.exists()
 
 
+def test_dry_run_prints_a_summary_and_full_adds_the_config_and_script(cli, home):
+    summary = ok(cli("rl", "rlvr", "-c", "tiny", "--batch", "ci", "--dry-run", "policy=/lustre/ckpt/sft-hf",
+                     "data.dir=/lustre/data/rl")).out
+    full = ok(cli("rl", "rlvr", "-c", "tiny", "--batch", "ci", "--dry-run", "--full", "policy=/lustre/ckpt/sft-hf",
+                  "data.dir=/lustre/data/rl")).out
+    for title in ("values not from the stage default", "inputs and outputs", "resources", "estimated cost"):
+        assert section(summary, title) == section(full, title)
+    for title in ("compiled config", "NeMo RL config", "sbatch script"):
+        assert f"== {title}" not in summary and f"== {title}" in full
+    assert "#SBATCH" not in summary and "#SBATCH --account=ultra3" in full
+    hidden = re.search(r"^Not shown \((\d+) lines; add --full\): compiled config, NeMo RL config .*, "
+                       r"sbatch script \(as NeMo-Run submits it\)\.$", summary, re.M)
+    assert hidden, summary
+    assert len(full.splitlines()) - len(summary.splitlines()) == int(hidden[1]) - 2  # less `Not shown`
+    assert len(summary.splitlines()) < len(full.splitlines()) / 5  # 920 lines of the RL dry run are behind --full
+    assert summary.rstrip().endswith("Dry run: nothing was written or submitted.")
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("args", [("sft", "-c", "tiny", "--full"), ("pipe", "-c", "tiny", "--full")])
+def test_full_without_dry_run_is_refused(cli, home, args):
+    r = cli(*args)
+    assert (r.rc, r.out) == (2, "")
+    assert r.err.strip() == "error: --full shows more of a dry run: give it with --dry-run"
+    assert not home.exists()
+
+
+def test_pipe_dry_run_shows_its_scripts_with_full(cli, home):
+    summary = ok(cli("pipe", "-c", "tiny", "--batch", "ci", "--dry-run")).out
+    full = ok(cli("pipe", "-c", "tiny", "--batch", "ci", "--dry-run", "--full")).out
+    assert "Not shown (add --full): the sbatch script of data-pretrain, pretrain, data-sft, sft, quantize." in summary
+    assert "#SBATCH" not in summary
+    assert full.count("#!/bin/bash") == 5 and "== sft: sbatch script ==" in full
+    titles = [line for line in full.splitlines() if line.startswith("== ")]
+    shown = [line for line in summary.splitlines() if line.startswith("== ")]
+    assert shown == [t for t in titles if not t.endswith(": sbatch script ==")]
+    assert shown == ["== graph (<- the steps each waits for; * on the critical path) ==", "== estimated cost =="]
+
+
 def test_dry_run_without_a_profile_prints_the_local_command(cli, home):
-    r = ok(cli("pretrain", "-c", "tiny", "-d"))
+    r = ok(cli("pretrain", "-c", "tiny", "-d", "--full"))
     assert "local (this machine), mode local" in r.out.splitlines()[0]
     assert " -m recipes.launch --config config.yaml" in section(r.out, "local command")
     assert "#SBATCH" not in r.out
@@ -216,8 +255,8 @@ def test_config_path_outside_the_repo_with_defaults(cli, tmp_path):
     mine = tmp_path / "elsewhere" / "mine.yaml"
     mine.parent.mkdir()
     mine.write_text("# my variant of the stage's default\ndefaults: [default]\nlogger:\n  log_interval: 7\n")
-    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d", "dataset.blend_path=/data/blend.json",
-               "phase2.blend_path=/data/phase2/blend.json"))
+    r = ok(cli("pretrain", "-c", str(mine), "--batch", "blackwell", "-d", "--full",
+               "dataset.blend_path=/data/blend.json", "phase2.blend_path=/data/phase2/blend.json"))
     assert r.out.startswith(f"ultra3 pretrain: config {mine} (mine.yaml), profile 'blackwell'")
     rows = provenance(r.out)
     assert rows["logger.log_interval"] == ("7", str(mine))
@@ -229,7 +268,7 @@ def test_config_path_outside_the_repo_with_defaults(cli, tmp_path):
 
 
 def test_override_values_are_typed(cli):
-    r = ok(cli("pretrain", "-c", "tiny", "-d", "optimizer.lr=1e-4", "model.recompute_modules=[moe,layernorm]",
+    r = ok(cli("pretrain", "-c", "tiny", "-d", "--full", "optimizer.lr=1e-4", "model.recompute_modules=[moe,layernorm]",
                "recipe.hf_model=null", "model.sequence_parallel=false", "logger.wandb_project=ultra3-tests"))
     cfg = compiled(r.out)
     assert cfg["optimizer"]["lr"] == 1e-4 and isinstance(cfg["optimizer"]["lr"], float)
@@ -242,20 +281,20 @@ def test_override_values_are_typed(cli):
 
 def test_data_prep_dry_run_shows_the_tokenizer(cli):
     # `tokenizer` contains TOKEN but is a model name, not a secret: shown, not masked
-    r = ok(cli("data", "prep", "sft", "--batch", "ci", "-d"))
+    r = ok(cli("data", "prep", "sft", "--batch", "ci", "-d", "--full"))
     assert compiled(r.out)["tokenizer"] == "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"
     assert "#SBATCH --account=ultra3" in section(r.out, "sbatch script")
 
 
 def test_data_prep_flags_are_their_config_keys(cli):
     # `--sample N` is sample=N and `--force` is force=true (NVIDIA's CLI turned `--sample 100` into sample=True)
-    r = ok(cli("data", "prep", "sft", "-c", "tiny", "--sample", "100", "--force", "-d"))
+    r = ok(cli("data", "prep", "sft", "-c", "tiny", "--sample", "100", "--force", "-d", "--full"))
     assert provenance(r.out)["sample"] == ("100", "command line")
     assert compiled(r.out)["sample"] == 100 and compiled(r.out)["force"] is True
-    assert ok(cli("data", "prep", "pretrain", "-c", "tiny", "--sample=7", "-d")).out.count("sample: 7") == 1
-    bad = cli("data", "prep", "sft", "-c", "tiny", "--sample", "many", "-d")
+    assert ok(cli("data", "prep", "pretrain", "-c", "tiny", "--sample=7", "-d", "--full")).out.count("sample: 7") == 1
+    bad = cli("data", "prep", "sft", "-c", "tiny", "--sample", "many", "-d", "--full")
     assert bad.rc == 2 and "'--sample'" in bad.err and len(bad.err_lines) == 1
-    assert cli("pretrain", "-c", "tiny", "--sample", "3", "-d").rc == 2  # a data-prep flag only
+    assert cli("pretrain", "-c", "tiny", "--sample", "3", "-d", "--full").rc == 2  # a data-prep flag only
 
 
 def test_version(cli):

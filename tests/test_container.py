@@ -134,7 +134,7 @@ def section(out: str, title: str) -> str:
 
 
 def test_dry_run_of_a_build_shows_its_job_and_exact_script(cli_here, profiles):
-    r = cli_here("container", "build", "data", "--batch", "builder", "--dry-run")
+    r = cli_here("container", "build", "data", "--batch", "builder", "--dry-run", "--full")
     assert r.rc == 0, r.err
     image = images.kind_image("data", {}, str(profiles), "b200")
     script = section(r.out, "build script")
@@ -155,13 +155,13 @@ def test_dry_run_of_a_build_shows_its_job_and_exact_script(cli_here, profiles):
 
 
 def test_a_kind_by_word_or_by_config_and_the_default_is_training(cli_here, profiles):
-    word = cli_here("container", "build", "rl", "--batch", "plain", "--dry-run")
-    flag = cli_here("container", "build", "-c", "rl", "--batch", "plain", "--dry-run")
+    word = cli_here("container", "build", "rl", "--batch", "plain", "--dry-run", "--full")
+    flag = cli_here("container", "build", "-c", "rl", "--batch", "plain", "--dry-run", "--full")
     assert word.rc == flag.rc == 0 and word.out == flag.out, word.err + flag.err
     assert "# ultra3 container build rl: ultra3-rl-" in word.out and "--platform linux/amd64" in word.out
-    default = cli_here("container", "build", "--batch", "plain", "--dry-run")
+    default = cli_here("container", "build", "--batch", "plain", "--dry-run", "--full")
     assert default.rc == 0 and "# ultra3 container build training: ultra3-training-" in default.out, default.err
-    both = cli_here("container", "build", "rl", "-c", "data", "--batch", "plain", "--dry-run")
+    both = cli_here("container", "build", "rl", "-c", "data", "--batch", "plain", "--dry-run", "--full")
     assert both.rc == 2 and both.err_lines == [both.err_lines[0]] and "rl" in both.err and "-c data" in both.err
 
 
@@ -191,7 +191,7 @@ def built(image: images.Image, job: str = "ultra3-container-build_x") -> None:
 
 def test_a_stage_runs_in_its_kind_once_built_and_says_how_to_build_it_before(cli_here, profiles):
     image = images.kind_image("training", {}, str(profiles), "b200")
-    before = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run")
+    before = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run", "--full")
     assert before.rc == 0, before.err
     hint = "ultra3 container build training --batch plain"
     assert any(line.startswith("warning: run.container_image:") and hint in line and image.path in line
@@ -200,7 +200,7 @@ def test_a_stage_runs_in_its_kind_once_built_and_says_how_to_build_it_before(cli
     assert refused.rc == 2 and hint in refused.err and "submitted" not in refused.out, refused.out + refused.err
 
     built(image)
-    after = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run")
+    after = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run", "--full")
     assert after.rc == 0, after.err
     shown = section(after.out, "container image")
     assert f"image   {image.path}" in shown and image.digest[:12] in shown and "the stage's kind" in shown, shown
@@ -211,20 +211,20 @@ def test_a_stage_runs_in_its_kind_once_built_and_says_how_to_build_it_before(cli
 def test_a_profile_names_a_kind_and_its_pins(cli_here, profiles):
     data = images.kind_image("data", {}, str(profiles), "b200")
     built(data)
-    r = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run", "run.container_image=data")
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run", "--full", "run.container_image=data")
     assert r.rc == 0 and f"--container-image {data.path}" in r.out, r.err
     assert "kind    data (run.container_image=data, from command line)" in section(r.out, "container image")
     # the mirror profile pins another base for the data kind: its image is another one, not built
-    mirrored = cli_here("data", "prep", "pretrain", "-c", "tiny", "--batch", "mirror", "--dry-run")
+    mirrored = cli_here("data", "prep", "pretrain", "-c", "tiny", "--batch", "mirror", "--dry-run", "--full")
     assert mirrored.rc == 0 and data.path not in mirrored.out, mirrored.err
-    build = cli_here("container", "build", "data", "--batch", "mirror", "--dry-run")
+    build = cli_here("container", "build", "data", "--batch", "mirror", "--dry-run", "--full")
     assert "--build-arg BASE=registry.internal/python:3.12-slim-bookworm" in build.out, build.out + build.err
     name = re.search(r"ultra3-data-[0-9a-f]{12}", section(build.out, "build script")).group(0)
     assert name in mirrored.out and name != data.name
 
 
 def test_other_stages_note_the_build_keys_they_do_not_read(cli_here, profiles):
-    r = cli_here("pretrain", "-c", "tiny", "--batch", "builder", "--dry-run")
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "builder", "--dry-run", "--full")
     assert r.rc == 0, r.err
     notes = re.findall(r"^note: env.toml \[builder\] (build_\w+): read by image builds and by stages whose profile "
                        r"names no container_image; not used here$", r.out, re.M)

@@ -95,6 +95,6 @@ def test_build_a_real_image_then_nothing_to_do_then_a_stage_runs_in_it(builder, 
     assert sorted(builder["cache"].glob("ultra3-data-*.sqsh")) == sqsh
 
     # a data prep under the profile runs in it
-    dry = cli("data", "prep", "pretrain", "-c", "tiny", "--batch", "builder", "--dry-run")
+    dry = cli("data", "prep", "pretrain", "-c", "tiny", "--batch", "builder", "--dry-run", "--full")
     assert dry.rc == 0, dry.err
     assert f"--container-image {sqsh[0]}" in dry.out and f"digest  {manifest['digest'][:12]}" in dry.out, dry.out

@@ -21,7 +21,7 @@ def errors(r) -> list[str]:
 @pytest.mark.parametrize("stage, extra", [("hf-to-megatron", []),
                                           ("megatron-to-hf", ["megatron_checkpoint=/lustre/ckpt/sft"])])
 def test_ultra_dry_run_sizes_a_550b_conversion(cli_here, stage, extra):
-    r = cli_here("convert", stage, "--batch", "blackwell", "--dry-run", *extra)
+    r = cli_here("convert", stage, "--batch", "blackwell", "--dry-run", "--full", *extra)
     assert r.rc == 0, r.err
     rows = {line[:28].strip(): line[28:] for line in r.out.split("== conversion memory ==\n")[1].splitlines()[:5]}
     assert rows == {"model weights (BF16)": "1,121.0 GB",  # 550B-A55B with its MTP layers

@@ -52,19 +52,21 @@ def test_replaced_datasets_publish_a_variant_that_no_plain_run_takes(cli, home, 
 
 def test_what_makes_a_variant(cli_here, home, tmp_path):
     corpus = small_corpus(tmp_path)
-    replaced = cli_here("data", "prep", "pretrain", "-c", "tiny", "--dry-run", SMALL % corpus, "num_shards=1")
+    replaced = cli_here("data", "prep", "pretrain", "-c", "tiny", "--dry-run", "--full", SMALL % corpus, "num_shards=1")
     assert replaced.rc == 0, replaced.err
     digest = re.search(r"^  variant: '?([0-9a-f]{6})'?$", replaced.out, re.M).group(1)
     assert f"note: datasets: datasets, num_shards set in command line over what config tiny sets: this run publishes " \
            f"ultra3-pretrain-data-tiny-{digest}, never tiny's own latest; a later stage takes it only when named " \
            f"(ultra3-pretrain-data-tiny-{digest}:latest, or job:ID)" in replaced.out.splitlines(), replaced.out
     assert f"- name: ultra3-pretrain-data-tiny-{digest}-sample-5" in cli_here(
-        "data", "prep", "pretrain", "-c", "tiny", "--dry-run", SMALL % corpus, "num_shards=1", "--sample", "5").out
+        "data", "prep", "pretrain", "-c", "tiny", "--dry-run", "--full", SMALL % corpus, "num_shards=1", "--sample",
+        "5").out
     for same in ([f"output_dir={tmp_path}/o", "workers=2", "force=true"],  # where and how, not what
                  ["num_shards=4"]):  # the config's own value
-        r = cli_here("data", "prep", "pretrain", "-c", "tiny", "--dry-run", *same)
+        r = cli_here("data", "prep", "pretrain", "-c", "tiny", "--dry-run", "--full", *same)
         assert r.rc == 0 and "variant:" not in r.out and "produces ultra3-pretrain-data-tiny (" in r.out, r.out
-    filled = cli_here("data", "prep", "pretrain", "-c", "long_context", "--dry-run", SMALL % corpus)  # datasets: []
+    filled = cli_here("data", "prep", "pretrain", "-c", "long_context", "--dry-run", "--full",
+                      SMALL % corpus)  # datasets: []
     assert filled.rc == 0 and "variant:" not in filled.out, filled.err
     # a pipe's override (the layer a pipe config's step gives its stage) makes one too
     stage = next(s for s in STAGES if s.name == "data prep pretrain")

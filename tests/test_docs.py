@@ -92,7 +92,7 @@ class Example:
         while k < len(self.words):  # the words that are not options, their values or overrides
             word = self.words[k]
             if word.startswith("-"):
-                k += 1 if "=" in word or word in DRY or word == "--force" else 2
+                k += 1 if "=" in word or word in DRY or word in ("--force", "--full") else 2
                 continue
             if "=" not in word:
                 words.append(word)

@@ -29,7 +29,7 @@ def make_source(cli_here, home: Path, job_id: str, stage: str, *overrides: str, 
         (save / name).mkdir(parents=True)
     (save / "latest_checkpointed_iteration.txt").write_text("40")
     (job_dir / stage / "code").mkdir(parents=True)
-    shown = cli_here(stage, "-c", "tiny", "--dry-run", *overrides)
+    shown = cli_here(stage, "-c", "tiny", "--dry-run", "--full", *overrides)
     assert shown.rc == 0, shown.err
     config = compiled(shown.out)
     config["job"].update(id=job_id, dir=str(job_dir))
@@ -52,7 +52,7 @@ def compiled(out: str) -> dict:
 
 
 def test_a_fork_loads_the_iteration_and_says_what_changed(cli_here, source):
-    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--fork", f"{SOURCE}@20", "optimizer.lr=1e-5",
+    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "--fork", f"{SOURCE}@20", "optimizer.lr=1e-5",
                      "scheduler.lr_wsd_decay_iters=20")
     assert shown.rc == 0, shown.err
     config = compiled(shown.out)
@@ -70,7 +70,7 @@ def test_a_fork_loads_the_iteration_and_says_what_changed(cli_here, source):
 
 def test_the_newest_iteration_by_default(cli_here, source):
     for ref in (SOURCE, f"{SOURCE}@latest", "20261128-101500"):  # a unique prefix of the id, as `nemotron jobs`
-        shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--fork", ref)
+        shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "--fork", ref)
         assert shown.rc == 0, shown.err
         assert compiled(shown.out)["checkpoint"]["ckpt_step"] == 40
         assert "override_opt_param_scheduler" not in json.dumps(compiled(shown.out).get("scheduler"))
@@ -87,25 +87,25 @@ def test_the_newest_iteration_by_default(cli_here, source):
      "40, so the fork's optimizer.lr would be ignored or refused by Megatron-Core; leave it unset"),
 ])
 def test_a_bad_fork_is_one_line(cli_here, source, args, said):
-    bad = cli_here("pretrain", "-c", "tiny", "--dry-run", *args)
+    bad = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", *args)
     assert bad.rc == 2 and len(bad.err_lines) == 1 and bad.err_lines[0].startswith(f"error: {said}"), bad.err
 
 
 def test_a_fork_never_saves_into_its_source(cli_here, source):
-    bad = cli_here("pretrain", "-c", "tiny", "--dry-run", "--fork", SOURCE, f"checkpoint.save={source}/")
+    bad = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "--fork", SOURCE, f"checkpoint.save={source}/")
     assert bad.rc == 2 and bad.err_lines == [
         f"error: checkpoint.save: {source} (set in command line) is {SOURCE}'s own checkpoint dir; a fork saves to "
         "its own: leave checkpoint.save to the config, or give another dir"], bad.err
 
 
 def test_a_fork_of_another_stage_or_of_nothing_saved_is_refused(cli_here, source):
-    bad = cli_here("sft", "-c", "tiny", "--dry-run", "--fork", SOURCE)
+    bad = cli_here("sft", "-c", "tiny", "--dry-run", "--full", "--fork", SOURCE)
     assert bad.rc == 2 and bad.err_lines == [
         f"error: fork: {SOURCE} is a pretrain run, not sft; fork a sft run (sft starts from a pretrain checkpoint "
         f"with recipe.pretrained_checkpoint=job:{SOURCE})"], bad.err
     for path in source.glob("iter_*"):
         path.rmdir()
-    bad = cli_here("pretrain", "-c", "tiny", "--dry-run", "--fork", SOURCE)
+    bad = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "--fork", SOURCE)
     assert bad.rc == 2 and f"{SOURCE} saved no checkpoint in {source} yet" in bad.err, bad.err
 
 
@@ -120,7 +120,7 @@ def test_a_fork_trains_on_its_source_data_unless_given(cli_here, home, source):
     blend = str(data / "blend.json")
     make_source(cli_here, home, "ultra3-pretrain_20261128-111500-def456", "pretrain", "dataset.mock=false",
                 f"dataset.blend_path={blend}")
-    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "dataset.mock=false", "--fork", "20261128-1115")
+    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "dataset.mock=false", "--fork", "20261128-1115")
     assert shown.rc == 0, shown.err
     assert compiled(shown.out)["dataset"]["blend_path"] == blend
     assert f"dataset.blend_path = {blend}  (set in fork 20261128-1115 (command line): " \
@@ -132,7 +132,7 @@ def test_a_fork_trains_on_its_source_data_unless_given(cli_here, home, source):
     (pretrained / "latest_checkpointed_iteration.txt").write_text("1")
     sft = "ultra3-sft_20261128-121500-0a0b0c"
     make_source(cli_here, home, sft, "sft", f"recipe.pretrained_checkpoint={pretrained}")
-    shown = cli_here("sft", "-c", "tiny", "--dry-run", "--fork", f"{sft}@20", "optimizer.lr=1e-6")
+    shown = cli_here("sft", "-c", "tiny", "--dry-run", "--full", "--fork", f"{sft}@20", "optimizer.lr=1e-6")
     assert shown.rc == 0, shown.err
     config = compiled(shown.out)
     assert config["recipe"]["pretrained_checkpoint"] is None and config["job"]["fork"]["changed"] == {
@@ -142,7 +142,7 @@ def test_a_fork_trains_on_its_source_data_unless_given(cli_here, home, source):
 
 def test_a_fork_of_another_config_warns_that_every_difference_is_a_change(cli_here, source):
     Path("tiny-low-lr.yaml").write_text("defaults: [tiny]\noptimizer:\n  lr: 1.0e-5\n")
-    shown = cli_here("pretrain", "-c", "tiny-low-lr.yaml", "--dry-run", "--fork", SOURCE)
+    shown = cli_here("pretrain", "-c", "tiny-low-lr.yaml", "--dry-run", "--full", "--fork", SOURCE)
     assert shown.rc == 0, shown.err
     assert f"warning: fork: {SOURCE} ran config 'tiny', this run 'tiny-low-lr': each of the 1 keys that differ is a " \
            "change; give -c tiny to change only the keys given" in shown.out.splitlines()
@@ -150,7 +150,8 @@ def test_a_fork_of_another_config_warns_that_every_difference_is_a_change(cli_he
 
 
 def test_a_fresh_optimizer_warns_that_the_schedule_starts_again(cli_here, source):
-    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--fork", f"{SOURCE}@20", "checkpoint.load_optim=false")
+    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "--fork", f"{SOURCE}@20",
+                     "checkpoint.load_optim=false")
     assert shown.rc == 0, shown.err
     assert "warning: checkpoint.load_optim: false (set in command line): Megatron-Bridge then loads no scheduler " \
            "state either, so the LR schedule starts again from its warmup at iteration 20" in shown.out.splitlines()

@@ -19,7 +19,8 @@ CASES = [(s, c) for s in STAGES for c in config_names(s.config_dir)]
 
 @pytest.mark.parametrize("stage,config", CASES, ids=[f"{s.slug}-{c}" for s, c in CASES])
 def test_dry_run_matches_golden(cli_here, home, stage, config):  # in this process: the same entry point and output
-    result = cli_here(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", *inputs(stage.name, config))
+    result = cli_here(*stage.words, "-c", config, "--batch", "blackwell", "--dry-run", "--full",
+                      *inputs(stage.name, config))
     assert result.rc == 0, result.err
     text = result.out.replace(str(Path.cwd()), "<cwd>").replace(str(home), "<home>")
     golden = GOLDEN / f"{stage.slug}-{config}.txt"

@@ -58,7 +58,7 @@ def test_every_other_string_appears_in_the_batch_script_quoted(cli_here, home, p
     keys = {"account": payload, "partition": payload, "qos": payload, "constraint": payload,
             "reservation": payload}  # (mem, time, the image and mounts have a checked form)
     _profile("\n".join(f"{k} = '''{v}'''" for k, v in keys.items()) + f"\n[hostile.env]\nX = '''{payload}'''")
-    r = cli_here("pretrain", "-c", "tiny", "--batch", "hostile", "--dry-run")
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "hostile", "--dry-run", "--full")
     assert r.rc == 0, r.err
     script = r.out.split("== sbatch script")[1]
     lines = [line for line in script.splitlines() if "ultra3-pwned" in line]

@@ -39,13 +39,13 @@ def write(profile: str) -> None:
 
 
 def test_quick_start_profile_keeps_the_tiny_job_on_one_node(cli_here, nvidia):
-    r = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+    r = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert "note: run.nodes: 48 from profile 'YOUR-CLUSTER' (env.toml) is not used: configs/_shared/tiny.yaml " \
            "sizes this job" in r.out
     assert "note: env.toml [YOUR-CLUSTER] ntasks_per_node: 8: one launcher per node starts one rank per GPU" in r.out
     assert "#SBATCH --nodes=1\n" in r.out and "logger.wandb_project" in r.out  # [wandb] reaches the logger
-    wide = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "run.nodes=2")
+    wide = cli_here("pretrain", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "--full", "run.nodes=2")
     assert "#SBATCH --nodes=2\n" in wide.out  # the command line still wins
 
 
@@ -76,7 +76,7 @@ HONOURED = [
 @pytest.mark.parametrize("line,note,shown", HONOURED, ids=[h[0].split(" ")[0] for h in HONOURED])
 def test_nvidia_key_is_honoured(cli_here, nvidia, line, note, shown):
     write(f"\n[mine]\nextends = \"YOUR-CLUSTER\"\n{line}\n")
-    r = cli_here("pretrain", "-c", "tiny", "--run", "mine", "--dry-run")
+    r = cli_here("pretrain", "-c", "tiny", "--run", "mine", "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert not note or f"note: env.toml [mine] {note}" in r.out, r.out[:2000]
     assert shown in r.out
@@ -107,10 +107,11 @@ def test_nvidia_key_is_refused_with_its_fix(cli_here, nvidia, line, error):
 def test_rl_keys_of_a_profile_reach_the_rl_stages(cli_here, nvidia):
     write('\n[rl]\nextends = "YOUR-CLUSTER"\nsif_dir = "/lustre/sif"\npersistent_cache = "/lustre/cache"\n'
           'sandbox = {container = "/lustre/sandbox.sqsh", port = 6001}\n')
-    r = cli_here("rl", "teacher", "-c", "swe", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d")
+    r = cli_here("rl", "teacher", "-c", "swe", "--batch", "rl", "--dry-run", "--full", "policy=/lustre/p",
+                 "data.dir=/lustre/d")
     assert r.rc == 0, r.err
     assert "sif_dir: /lustre/sif" in r.out and "VLLM_CACHE_ROOT: /lustre/cache/vllm" in r.out
-    rlvr = cli_here("rl", "rlvr", "--batch", "rl", "--dry-run", "policy=/lustre/p", "data.dir=/lustre/d",
+    rlvr = cli_here("rl", "rlvr", "--batch", "rl", "--dry-run", "--full", "policy=/lustre/p", "data.dir=/lustre/d",
                     "judges.genrm_model=/g", "sif_dir=null")
     assert rlvr.rc == 0, rlvr.err
     assert "--container-image=/lustre/sandbox.sqsh" in rlvr.out and "NGINX_PORT=6001" in rlvr.out
@@ -143,7 +144,7 @@ def test_an_ssh_tunnel_profile_reaches_its_login_node(cli_here, nvidia):
 def test_wandb_run_name_and_artifacts_root_are_honoured(cli_here, nvidia, tmp_path):
     Path("env.toml").write_text(QUICK_START + f"name = 'ultra3-run1'\n[artifacts]\nwandb = false\n"
                                                f"[artifacts.manifest]\nroot = '{tmp_path}/store'\n")
-    r = cli_here("sft", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run")
+    r = cli_here("sft", "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert "logger.wandb_exp_name                     = ultra3-run1  <- profile 'YOUR-CLUSTER' (env.toml)" in r.out
     assert f"artifacts_root: {tmp_path}/store" in r.out
@@ -169,7 +170,7 @@ def test_a_slurm_profile_without_an_image_warns_in_a_dry_run_and_is_refused_on_s
 
 def test_nvidia_quick_start_commands_work_verbatim(cli_here, nvidia):
     for stage in ("pretrain", "sft"):
-        r = cli_here("ultra3", stage, "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", prog="nemotron")
+        r = cli_here("ultra3", stage, "-c", "tiny", "--run", "YOUR-CLUSTER", "--dry-run", "--full", prog="nemotron")
         assert r.rc == 0, r.err
         assert "#SBATCH --nodes=1\n" in r.out and "#SBATCH --gpus-per-node=1\n" in r.out
         assert re.search(r"^run\.nodes +\= 1  <- configs/_shared/tiny\.yaml$", r.out, re.M)  # which source sized it

@@ -45,8 +45,8 @@ def two_blends(home) -> tuple[str, str]:
 def tiny(cli_here, home, two_blends) -> dict:
     """The tiny pretrain's config as the job receives it, on the two real blends."""
     one, two = two_blends
-    shown = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "dataset.mock=false", f"dataset.blend_path={one}",
-                     f"phase2.blend_path={two}")
+    shown = cli_here("pretrain", "-c", "tiny_phases", "--dry-run", "--full", "dataset.mock=false",
+                     f"dataset.blend_path={one}", f"phase2.blend_path={two}")
     assert shown.rc == 0, shown.err
     cfg = compiled(shown.out)
     job_dir = home / "jobs" / "ultra3-pretrain_20261128-120000-aaaaaa"
@@ -72,8 +72,8 @@ def test_the_dry_run_accounts_for_each_phase_on_one_schedule(cli_here, two_blend
 
 def test_the_default_run_switches_where_the_wsd_decay_begins(cli_here):
     """15T of 20T: phase 2 starts at the iteration the WSD anneal over the last 5T starts (one past it: rounded up)."""
-    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", "dataset.blend_path=/lustre/a/blend.json",
-                     "phase2.blend_path=/lustre/b/blend.json")
+    shown = cli_here("pretrain", "--dry-run", "--full", "--batch", "blackwell",
+                     "dataset.blend_path=/lustre/a/blend.json", "phase2.blend_path=/lustre/b/blend.json")
     assert shown.rc == 0, shown.err
     cfg = compiled(shown.out)
     start = phase2_start(cfg)
@@ -165,7 +165,7 @@ def test_a_mixed_blend_gives_the_other_its_share_of_every_split(home):
 def test_the_long_context_phase_at_1m_on_the_reports_layout(cli_here, gb200):
     """From phase 2's checkpoint (weights only), 46% long documents + 54% phase 2, 1M context on CP32 TP8 EP128 PP2:
     the dry run checks and sizes it right at 1M."""
-    shown = cli_here("pretrain", "-c", "long_context", "--batch", "gb200", "--dry-run",
+    shown = cli_here("pretrain", "-c", "long_context", "--batch", "gb200", "--dry-run", "--full",
                      "dataset.blend_path=/lustre/data/long/blend.json",
                      "dataset.mix.blend_path=/lustre/data/phase2/blend.json",
                      "recipe.pretrained_checkpoint=/lustre/ckpt/pretrain")

@@ -196,7 +196,7 @@ def test_the_shipped_post_training_pipe_fits_whole_nvlink_segments_on_gb200(cli_
     """Four distinct MOPD teachers (the SWE teacher is left out of the pipe): 224 nodes, 14 segments of 16."""
     judge, box = "judges.genrm_model=/lustre/genrm", "sandbox.image=/lustre/sandbox.sqsh"
     r = cli_here("pipe", "-c", "post_training", "--batch", "gb200", "--env-file",
-                 str(Path(__file__).resolve().parents[1] / "env.toml.example"), "--dry-run",
+                 str(Path(__file__).resolve().parents[1] / "env.toml.example"), "--dry-run", "--full",
                  "rlvr1.policy=/lustre/sft", "rlvr2.policy=/lustre/sft",
                  *(f"{step}.{judge}" for step in ("rlvr1", "rlvr2", "ifbench", "rlhf", "reasoning", "mopd")),
                  *(f"{step}.{box}" for step in ("rlvr1", "rlvr2", "reasoning", "mopd")))

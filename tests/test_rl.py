@@ -26,7 +26,7 @@ FIVE_TEACHERS = ["teachers.rlhf=/lustre/ckpt/rlhf", "teachers.ifbench=/lustre/ck
 
 def test_mopd_default_dry_run_splits_224_nodes(cli, gb200):
     """Five distinct teachers: 64 train / 128 generation / 20 teachers (5 x 4) / 12 gym, as NeMo RL's guide."""
-    r = cli(*MOPD, *FIVE_TEACHERS, "--dry-run")
+    r = cli(*MOPD, *FIVE_TEACHERS, "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert "nodes 224 x gpus_per_node 4 = 896 GPUs (gb200)" in r.out
     assert "run.nodes" in r.out and "= 224  <- layout: 64 train + 128 generation + 20 teachers + 12 gym" in r.out
@@ -61,7 +61,7 @@ def test_mopd_default_dry_run_splits_224_nodes(cli, gb200):
 def test_mopd_teachers_falling_back_share_the_general_nodes(cli, gb200):
     """NeMo RL serves each distinct teacher checkpoint once and gives training the rest of its cluster: with
     only the general teacher, 4 teacher nodes, not 20 (the other 16 would land in training)."""
-    r = cli(*MOPD, "--dry-run")
+    r = cli(*MOPD, "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert "= 208  <- layout: 64 train + 128 generation + 4 teachers + 12 gym" in r.out
     assert "nodes 192-195  teacher general/rlhf/ifbench/reasoning/swe: /lustre/ckpt/rlvr-hf" in r.out
@@ -73,7 +73,7 @@ def test_rlvr_phases_share_one_experiment(cli, gb200):
     """rlvr2 resumes rlvr1: the same checkpoint directory, its own sequence length and step budget."""
     dirs, steps = [], []
     for config in ("rlvr1", "rlvr2"):
-        r = cli("rl", "rlvr", "-c", config, "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX, "--dry-run")
+        r = cli("rl", "rlvr", "-c", config, "--batch", "gb200", POLICY, DATA, GENRM, SANDBOX, "--dry-run", "--full")
         assert r.rc == 0, r.err
         merged = yaml.safe_load(r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0])
         dirs.append(merged["checkpointing"]["checkpoint_dir"])
@@ -101,7 +101,7 @@ def test_steps_against_the_experiments_checkpoints(cli, gb200, tmp_path):
 
 
 def test_nemo_rl_add_takes_keys_the_yaml_lacks(cli, gb200):
-    r = cli(*RLVR, "nemo_rl_add.cluster.master_port_range_low=20000", "--dry-run")
+    r = cli(*RLVR, "nemo_rl_add.cluster.master_port_range_low=20000", "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert "warning: nemo_rl_add.cluster.master_port_range_low: not in NeMo RL's " in r.out
     merged = yaml.safe_load(r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0])
@@ -109,7 +109,7 @@ def test_nemo_rl_add_takes_keys_the_yaml_lacks(cli, gb200):
 
 
 def test_mtp_switch_sets_vllm_speculative_decoding(cli, gb200):
-    r = cli(*RLVR, "mtp.enabled=true", "--dry-run")
+    r = cli(*RLVR, "mtp.enabled=true", "--dry-run", "--full")
     assert r.rc == 0, r.err
     merged = yaml.safe_load(r.out.split("with nemo_rl.* merged) ==\n")[1].split("\n== ")[0])
     kwargs = merged["policy"]["generation"]["vllm_kwargs"]

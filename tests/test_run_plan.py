@@ -81,7 +81,7 @@ def test_data_prep_stops_in_a_minute(cli_here):
     # the running tasks are ended, not finished: no shard size enters it
     assert cost_data_prep.data_prep_stop({})[0] == cost_data_prep.STOP_S == 60
     for kind in ("pretrain", "rl"):
-        shown = cli_here("data", "prep", kind, "-c", "tiny", "--dry-run", "--batch", "blackwell")
+        shown = cli_here("data", "prep", kind, "-c", "tiny", "--dry-run", "--full", "--batch", "blackwell")
         assert shown.rc == 0, shown.err
         assert "#SBATCH --signal=USR1@60\n" in shown.out
 
@@ -91,7 +91,7 @@ def test_data_prep_stops_in_a_minute(cli_here):
 
 def test_the_plan_of_the_ultra_pretraining(cli_here):
     step, save, size = ultra()
-    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND)
+    shown = cli_here("pretrain", "--dry-run", "--full", "--batch", "blackwell", *BLEND)
     assert shown.rc == 0, shown.err
     rows = plan(shown.out)
     assert "#SBATCH --signal=USR1@127" in shown.out
@@ -207,13 +207,13 @@ def test_grace_at_the_time_limit_is_an_error(cli_here, words, extra):
 
 
 def test_grace_below_the_stop_time_is_a_warning_with_the_seconds_needed(cli_here):
-    shown = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND, "run.grace_s=100")
+    shown = cli_here("pretrain", "--dry-run", "--full", "--batch", "blackwell", *BLEND, "run.grace_s=100")
     assert shown.rc == 0, shown.err
     assert "warning: run.grace_s: 100 s may be too short to save and stop: one step 15 s + one save 82 s" in shown.out
     assert "= 127 s; a stage still running then is requeued from its last save; give 127 or null" in shown.out
     assert "#SBATCH --signal=USR1@100" in shown.out
     assert plan(shown.out)["time-limit signal"] == ("--signal=USR1@100: SIGUSR1 100 s before run.time=04:00:00 "
                                                     "(run.grace_s=100)")
-    none = cli_here("pretrain", "--dry-run", "--batch", "blackwell", *BLEND, "run.grace_s=0")
+    none = cli_here("pretrain", "--dry-run", "--full", "--batch", "blackwell", *BLEND, "run.grace_s=0")
     assert "warning: run.grace_s: 0: no time-limit signal" in none.out and "--signal=" not in none.out
     assert plan(none.out)["time-limit signal"].startswith("none (run.grace_s=0)")

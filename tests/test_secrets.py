@@ -57,7 +57,7 @@ def assert_received(proof: Path) -> None:
 
 def test_dry_run_shows_no_secret(slurm, cli, home, tmp_path):
     add_profile("sec", setup=hash_lines(tmp_path))
-    r = cli("pretrain", "-c", "tiny", "--batch", "sec", "--dry-run", env=SECRETS)
+    r = cli("pretrain", "-c", "tiny", "--batch", "sec", "--dry-run", "--full", env=SECRETS)
     assert r.rc == 0, r.err
     assert "sha256sum" in r.out  # the setup lines are there, naming the variables only
     assert not leaks_in_text(stdout=r.out, stderr=r.err)

@@ -71,7 +71,7 @@ def test_an_empty_or_boolean_secret_named_key_and_tokenizer_keys_are_not_secrets
 
 def test_every_section_of_the_dry_run_masks_secret_named_keys(cli, gb200):
     """NeMo RL's own YAML names an api_key (its judges' `dummy_key`): masked in the NeMo RL config section too."""
-    r = cli(*RLVR, "nemo_rl_add.env.TOKENIZERS_PARALLELISM=false", "--dry-run")
+    r = cli(*RLVR, "nemo_rl_add.env.TOKENIZERS_PARALLELISM=false", "--dry-run", "--full")
     assert r.rc == 0, r.err
     sections = dict(re.findall(r"\n== (.+?) ==\n(.*?)(?=\n== |\nDry run: )", r.out, re.S))
     nemo_rl = next(text for title, text in sections.items() if title.startswith("NeMo RL config"))
@@ -149,7 +149,7 @@ def test_a_setup_line_giving_a_secret_a_literal_value_is_refused(cli_here, home,
 
 @pytest.mark.parametrize("lines", READING_SETUPS, ids=lambda lines: " / ".join(lines)[:60])
 def test_a_setup_line_reading_a_secret_is_accepted(cli_here, home, lines):
-    r = cli_here("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run", _setup(lines))
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "ci", "--dry-run", "--full", _setup(lines))
     assert r.rc == 0, r.err
     assert lines[-1] in r.out.split("== sbatch script")[1]
 

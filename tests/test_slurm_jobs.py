@@ -136,7 +136,7 @@ def list_rows(cli, *args: str, env: dict | None = None) -> dict[str, dict]:
 
 
 def dry_run_script(cli, *args: str) -> str:
-    r = cli("pretrain", "-c", "tiny", *args, "--dry-run")
+    r = cli("pretrain", "-c", "tiny", *args, "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert DRY_SBATCH in r.out and r.out.endswith(DRY_END), r.out
     return r.out.split(DRY_SBATCH, 1)[1][: -len(DRY_END)]

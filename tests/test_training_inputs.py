@@ -52,16 +52,16 @@ def provenance(key: str, path: str, job_id: str, artifact: str) -> re.Pattern:
 
 
 def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp_path):
-    r = cli("sft", "-c", "tiny", "--dry-run")  # none yet: the tiny SFT starts from random weights
+    r = cli("sft", "-c", "tiny", "--dry-run", "--full")  # none yet: the tiny SFT starts from random weights
     assert r.rc == 0 and "warning: recipe.pretrained_checkpoint: no pretrain-checkpoint artifact for this machine: " \
         "sft starts without its checkpoint input (recipe.allow_random_init is set); run `ultra3 pretrain -c tiny` " \
         "first to start from one" in r.out.splitlines(), r.out
     assert "recipe.pretrained_checkpoint: not needed (none yet, optional: recipe.allow_random_init is set)" in r.out
-    full = cli("sft", "--dry-run", "dataset.mock=true")  # the full SFT needs its checkpoint
+    full = cli("sft", "--dry-run", "--full", "dataset.mock=true")  # the full SFT needs its checkpoint
     assert full.rc == 2 and "run `ultra3 pretrain` first" in full.err, full.err
     older = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260101-000000-aaaaaa")
     completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260102-000000-bbbbbb", tracker=False)  # saved none
-    r = cli("sft", "-c", "tiny", "--dry-run")
+    r = cli("sft", "-c", "tiny", "--dry-run", "--full")
     assert r.rc == 0, r.err
     assert provenance("recipe.pretrained_checkpoint", older, "ultra3-pretrain_20260101-000000-aaaaaa",
                       "ultra3-pretrain-checkpoint-tiny:v1").search(r.out), r.out
@@ -69,24 +69,25 @@ def test_sft_starts_from_the_latest_completed_pretrain_checkpoint(cli, home, tmp
                      r"ultra3-pretrain_20260101-000000-aaaaaa completed ", r.out, re.MULTILINE)
     newer = completed_pretrain_job(home, tmp_path, "ultra3-pretrain_20260103-000000-cccccc")
     assert provenance("recipe.pretrained_checkpoint", newer, "ultra3-pretrain_20260103-000000-cccccc",
-                      "ultra3-pretrain-checkpoint-tiny:v2").search(cli("sft", "-c", "tiny", "--dry-run").out)
-    pinned = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:v1")
+                      "ultra3-pretrain-checkpoint-tiny:v2").search(cli("sft", "-c", "tiny", "--dry-run", "--full").out)
+    pinned = cli("sft", "-c", "tiny", "--dry-run", "--full",
+                 "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:v1")
     assert provenance("recipe.pretrained_checkpoint", older, "ultra3-pretrain_20260101-000000-aaaaaa",
                       "ultra3-pretrain-checkpoint-tiny:v1").search(pinned.out), pinned.err
-    by_job = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=job:20260101-000000-aaaaaa")
+    by_job = cli("sft", "-c", "tiny", "--dry-run", "--full", "recipe.pretrained_checkpoint=job:20260101-000000-aaaaaa")
     assert f"recipe.pretrained_checkpoint = {older}  (from ultra3-pretrain_20260101-000000-aaaaaa" in by_job.out
-    two = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=job:ultra3-pretrain_2026010")
+    two = cli("sft", "-c", "tiny", "--dry-run", "--full", "recipe.pretrained_checkpoint=job:ultra3-pretrain_2026010")
     assert two.rc == 2 and "error: recipe.pretrained_checkpoint: job:ultra3-pretrain_2026010: matches 2 jobs " \
                            "(ultra3-pretrain_20260101-000000-aaaaaa, ultra3-pretrain_20260103-000000-cccccc); give " \
                            "more of the id (set in command line)" in two.err_lines, two.err
-    kind = cli("sft", "-c", "tiny", "--dry-run", "dataset.mock=false",
+    kind = cli("sft", "-c", "tiny", "--dry-run", "--full", "dataset.mock=false",
                "dataset.packed_dir=ultra3-pretrain-checkpoint-tiny:v1")
     assert kind.rc == 2 and "error: dataset.packed_dir: ultra3-pretrain-checkpoint-tiny:v1 is a pretrain-checkpoint, " \
                             "but this input takes sft-data (set in command line)" in kind.err_lines, kind.err
     bad = cli("sft", "-c", "tiny", "--dry-run", "recipe.pretrained_checkpoint=ultra3-pretrain-checkpoint-tiny:v9")
     assert bad.rc == 2 and "error: recipe.pretrained_checkpoint: ultra3-pretrain-checkpoint-tiny:v9: no " \
                            "pretrain-checkpoint artifact of that name and version" in bad.err
-    given = cli("sft", "-c", "tiny", "--dry-run", f"recipe.pretrained_checkpoint={tmp_path}")
+    given = cli("sft", "-c", "tiny", "--dry-run", "--full", f"recipe.pretrained_checkpoint={tmp_path}")
     assert "completed" not in given.out.split("== compiled config ==")[0] and f"  pretrained_checkpoint: {tmp_path}" \
         in given.out
 

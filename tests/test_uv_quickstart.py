@@ -33,7 +33,7 @@ def test_uv_run_nemotron_from_a_fresh_copy(tmp_path):
     env["NEMOTRON_HOME"] = str(tmp_path / "home")
     for stage in ("pretrain", "sft"):
         r = subprocess.run([uv, "run", "--locked", "nemotron", "ultra3", stage, "-c", "tiny", "--run", "YOUR-CLUSTER",
-                            "--dry-run"], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+                            "--dry-run", "--full"], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "#SBATCH --nodes=1\n" in r.stdout and "#SBATCH --gpus-per-node=1\n" in r.stdout
         assert "#SBATCH --account=YOUR-ACCOUNT\n" in r.stdout

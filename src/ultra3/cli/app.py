@@ -51,7 +51,10 @@ SHARED_OPTIONS = {
     "batch": (Optional[str], typer.Option(None, "-b", "--batch", metavar="PROFILE",
                                           help="Submit with this env.toml profile and return.")),
     "dry_run": (bool, typer.Option(False, "-d", "--dry-run",
-                                   help="Validate and print the compiled job; submit nothing.")),
+                                   help="Validate and print a summary of the compiled job (where it runs, "
+                                        "findings, inputs, resources, cost); submit nothing.")),
+    "full": (bool, typer.Option(False, "--full", help="With --dry-run: also the compiled config and the job's "
+                                                      "script (the sbatch or command it would run).")),
     "env_file": (Optional[str], typer.Option(None, "--env-file", metavar="PATH",
                                              help="env.toml to read profiles from.")),
     "verbose": (bool, typer.Option(False, "-v", "--verbose", callback=_verbose,
@@ -224,8 +227,8 @@ def _pipe_command(
 
     given = _merge_group_options(ctx, options)
     run_pipe(PipeOptions(config="default" if given["config"] is None else given["config"], run=given["run"],
-                         batch=given["batch"], dry_run=given["dry_run"], env_file=given["env_file"], start=start,
-                         stop=stop, force=force,
+                         batch=given["batch"], dry_run=given["dry_run"], full=given["full"],
+                         env_file=given["env_file"], start=start, stop=stop, force=force,
                          overrides=list(overrides or [])))
 
 

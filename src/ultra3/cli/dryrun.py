@@ -1,4 +1,4 @@
-"""The dry run: the compiled job as it would be submitted, and nothing written anywhere."""
+"""The dry run: the compiled job as it would be submitted, a summary first, and nothing written anywhere."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def _table(out: TextIO, title: str, rows: list[tuple[str, str]]) -> None:
         out.write(f"{label:<{width}}  {value}\n")
 
 
-def print_dry_run(job: Job, out: TextIO | None = None) -> None:
+def print_dry_run(job: Job, out: TextIO | None = None, show_full: bool = False) -> None:
+    """The summary (where it runs, findings, changed values, artifacts, resources, tables, cost); with
+    `show_full` also the compiled config, the long blocks and the job's script."""
     out = out or sys.stdout  # the stream of the moment, not the one at import
     run = job.config["run"]
     where = (f"profile '{job.profile.name}' ({job.executor}, {job.profile.file})" if job.profile
@@ -65,10 +67,6 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
     if not job.stage.inputs and not job.config["job"]["produces"]:
         out.write("(none)\n")
 
-    _section(out, "compiled config")
-    config = {"run": job.config["run"], **{k: v for k, v in job.config.items() if k != "run"}}
-    out.write(yaml.safe_dump(masked(config), sort_keys=False))
-
     _section(out, "resources")
     gpus = run.get("gpus_per_node") or 0
     nodes = run.get("nodes") or 1
@@ -82,9 +80,6 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
         out.write(f"{key:<{width}} = {_inline(value)}  <- {job.origin[key]}\n")
     for name, rows in job.report.tables.items():
         _table(out, name, rows)
-    for title, text in job.report.blocks.items():
-        _section(out, title)
-        out.write(text if text.endswith("\n") else text + "\n")
 
     if plan := run_plan.rows(job):  # a Slurm job of many allocations
         _table(out, "long run", plan)
@@ -94,9 +89,17 @@ def print_dry_run(job: Job, out: TextIO | None = None) -> None:
         out.write(cost.format_line(estimate) + "\n")
 
     where = executor(job.executor)
+    config = {"run": job.config["run"], **{k: v for k, v in job.config.items() if k != "run"}}
+    full = {"compiled config": yaml.safe_dump(masked(config), sort_keys=False), **job.report.blocks}
     if shown := where.render(job, None):
-        _section(out, where.shown_as)
-        out.write(f"{shown}\n")
+        full[where.shown_as] = shown
+    if show_full:
+        for title, text in full.items():
+            _section(out, title)
+            out.write(text if text.endswith("\n") else text + "\n")
+    else:
+        lines = sum(len(text.splitlines()) + 2 for text in full.values())  # with each title and its blank line
+        out.write(f"\nNot shown ({lines} lines; add --full): {', '.join(full)}.\n")
     out.write("\nDry run: nothing was written or submitted.\n")
 
 

@@ -70,6 +70,7 @@ class PipeOptions:
     run: str | None = None
     batch: str | None = None
     dry_run: bool = False
+    full: bool = False  # the dry run with each step's script
     env_file: str | None = None
     start: str | None = None  # --from
     stop: str | None = None  # --to
@@ -326,6 +327,8 @@ def _outputs(step: Step) -> dict[str, Source]:
 # -- running it -----------------------------------------------------------------------------------
 
 def run_pipe(options: PipeOptions) -> None:
+    if options.full and not options.dry_run:
+        raise UserError("--full shows more of a dry run: give it with --dry-run")
     if options.run and options.batch:
         raise UserError("--run and --batch: choose one (--run follows the pipe, --batch returns after submitting)")
     path, steps, left = plan(options)

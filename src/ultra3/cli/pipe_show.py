@@ -1,6 +1,6 @@
 """`ultra3 pipe --dry-run`: the pipe as it would be submitted: steps, the graph of what each waits for with its
-critical path, where every input comes from, each job's script and the pipe's estimated cost. Nothing is
-written."""
+critical path, where every input comes from, the pipe's estimated cost, and with --full each job's script.
+Nothing is written."""
 
 from __future__ import annotations
 
@@ -55,13 +55,17 @@ def print_plan(path: Path, steps: list, options, left_out: list[str], out: TextI
     estimates = {s.entry.id: found for s in steps if not s.skipped and (found := estimate(s.job)) is not None}
     critical = _graph(steps, estimates, width, out)
     _cost(estimates, critical, out)
+    scripts = {}
     for step in steps:
-        if step.skipped:
-            continue
         after = [f"<Slurm job of {s.entry.id}>" for s in step.after]
-        script = executor(step.job.executor).render(step.job, step.job_id, after)
-        if script:
-            out.write(f"\n== {step.entry.id}: {'sbatch script' if chains else 'command'} ==\n{script.rstrip()}\n")
+        if not step.skipped and (script := executor(step.job.executor).render(step.job, step.job_id, after)):
+            scripts[f"{step.entry.id}: {'sbatch script' if chains else 'command'}"] = script.rstrip()
+    if options.full:
+        for title, script in scripts.items():
+            out.write(f"\n== {title} ==\n{script}\n")
+    elif scripts:
+        out.write(f"\nNot shown (add --full): the {'sbatch script' if chains else 'command'} of "
+                  f"{', '.join(t.split(':')[0] for t in scripts)}.\n")
     out.write("\nDry run: nothing was written or submitted.\n")
 
 

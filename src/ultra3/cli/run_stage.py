@@ -11,13 +11,15 @@ from ..stage import Stage
 def run_stage(stage: Stage, given: dict, overrides: list[str]) -> None:
     options = Options(config="default" if given["config"] is None else given["config"], run=given["run"],
                       batch=given["batch"], dry_run=given["dry_run"], env_file=given["env_file"], overrides=overrides)
+    if given["full"] and not options.dry_run:
+        raise UserError("--full shows more of a dry run: give it with --dry-run")
     if options.run and options.batch:
         raise UserError("--run and --batch: choose one (--run follows the job, --batch returns after submitting)")
     job = compile_job(stage, options)
     if options.dry_run:
         from .dryrun import print_dry_run
 
-        print_dry_run(job)
+        print_dry_run(job, show_full=given["full"])
         return
     if (done := stage.parts().done) and (why := done(job)):  # up to date: nothing to submit
         print(why)
