@@ -547,6 +547,41 @@ def test_shell_metacharacters_in_overrides_and_profile_env_stay_literal(slurm, c
     assert got == {**env, "OVERRIDDEN": values["run.env.OVERRIDDEN"]}
 
 
+# -- what a submission imports of NeMo-Run -------------------------------------------------------
+
+OTHER_EXECUTORS = ("lepton", "dgxcloud", "kubeflow", "docker", "skypilot", "skypilot_jobs")
+
+
+def test_a_batch_submission_imports_only_nemo_runs_slurm_parts(slurm, cli, home):
+    sub = submit(cli, "--batch", "ci", env={"PYTHONPROFILEIMPORTTIME": "1"})  # every import, on stderr
+    imported = set(re.findall(r"^import time:.*\| *(\S+)$", sub.err, re.M))
+    assert {"nemo_run.core.execution.slurm", "nemo_run.core.tunnel.client", "nemo_run.run.experiment"} <= imported
+    unwanted = {f"nemo_run.core.execution.{name}" for name in OTHER_EXECUTORS} | {"nemo_run.cli", "leptonai"}
+    assert not imported & unwanted, sorted(imported & unwanted)
+
+
+def test_import_nemo_run_after_a_submission_in_the_same_process(slurm, home):
+    script = """
+import sys
+from ultra3.cli.app import ultra3_main
+sys.argv = ["ultra3", "pretrain", "-c", "tiny", "--batch", "ci"]
+try:
+    ultra3_main()
+except SystemExit as e:
+    assert not e.code, e.code
+import nemo_run
+assert nemo_run.LeptonExecutor in nemo_run.Experiment._DETACH_SUPPORTED_EXECUTORS
+with nemo_run.Experiment("after", executor=nemo_run.LocalExecutor(), clean_mode=True) as exp:
+    exp.add(nemo_run.Script(inline="true"), name="noop")
+    exp.dryrun(log=False)
+"""
+    p = subprocess.run([str(BIN / "python"), "-c", script], capture_output=True, text=True, timeout=300)
+    m = SUBMITTED.search(p.stdout)
+    if m:
+        _submitted.append(m.group(2))
+    assert p.returncode == 0 and m, f"rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+
+
 # -- the local executor --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("home_name", ["state", "a home with spaces and a quote's"])

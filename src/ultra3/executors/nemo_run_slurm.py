@@ -10,6 +10,7 @@ import re
 import shutil
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -18,6 +19,7 @@ from ..jobprep.jobdir import write_code_dir
 from ..ssh import scheduler_timeout, ssh_of
 from ..jobprep.plan import SlurmSpec, slurm_spec
 from ..paths import nemorun_home
+from .nemo_run_lite import submission
 from .sbatch import chain_parameters
 
 if TYPE_CHECKING:
@@ -44,23 +46,21 @@ def ssh_settings(job: Job) -> dict | None:
     return ssh_of(job.config["run"])
 
 
-def _import_nemo_run(home: str):
-    # A LocalTunnel only works with job_dir="" (that is, $NEMORUN_HOME/experiments): so the home is where
-    # this job's experiment dir must go. NeMo-Run reads NEMORUN_HOME when first imported; a process that
-    # submits more than one job sets it again.
+@contextlib.contextmanager
+def _nemo_run(home: str) -> Iterator[types.SimpleNamespace]:
+    """NeMo-Run's submission API (nemo_run_lite), its home set. A LocalTunnel only works with job_dir="" (that
+    is, $NEMORUN_HOME/experiments): so the home is where this job's experiment dir must go. NeMo-Run reads
+    NEMORUN_HOME when first imported; a process that submits more than one job sets it again."""
     os.environ["NEMORUN_HOME"] = home
-    with _hidden("torch"):
-        import nemo_run
-        from nemo_run.config import set_nemorun_home
-
-    set_nemorun_home(home)
-    return nemo_run
+    with _hidden("torch"), submission() as run:
+        run.set_nemorun_home(home)
+        yield run
 
 
 @contextlib.contextmanager
 def _hidden(module: str) -> Iterator[None]:
-    """`module` reads as not installed while NeMo-Run is imported: its YAML serializer imports torch, when there,
-    only to represent torch dtypes, which a job's config never holds (1-2.5 s of every submission)."""
+    """`module` reads as not installed while NeMo-Run is imported and used: its YAML serializer imports torch,
+    when there, only to represent torch dtypes, which a job's config never holds (1-2.5 s of every submission)."""
     if module in sys.modules:
         yield
         return
@@ -72,10 +72,10 @@ def _hidden(module: str) -> Iterator[None]:
             del sys.modules[module]
 
 
-def build_executor(spec: SlurmSpec, ssh: dict | None, root: str, staging: Path, home: str, after: list[str]):
+def build_executor(run: types.SimpleNamespace, spec: SlurmSpec, ssh: dict | None, root: str, staging: Path,
+                   after: list[str]):
     """`after`: Slurm ids the job waits for. NeMo-Run takes them as app handles (`<scheme>://<session>/<id>`,
     see SlurmExecutor.parse_deps) and passes `--dependency=afterok:<ids>` to sbatch and into the script."""
-    run = _import_nemo_run(home)
     if ssh:
         tunnel = run.SSHTunnel(host=ssh["host"], user=ssh["user"], job_dir=root, port=ssh.get("port"),
                                identity=os.path.expanduser(ssh["identity"]) if ssh.get("identity") else None)
@@ -103,9 +103,8 @@ def experiment(job: Job, job_id: str, exp_dir: str, after: list[str]) -> Iterato
         staging = Path(tmp)
         write_code_dir(job, job_id, exp_dir, staging)
         home = str(nemorun_home()) if ssh else nemorun_base(job)
-        executor = build_executor(spec, ssh, jobs_root(job), staging, home, after)
-        run = _import_nemo_run(home)
-        with contextlib.redirect_stdout(io.StringIO()):  # NeMo-Run's console chatter
+        with _nemo_run(home) as run, contextlib.redirect_stdout(io.StringIO()):  # NeMo-Run's console chatter
+            executor = build_executor(run, spec, ssh, jobs_root(job), staging, after)
             # skip_status_at_exit: no sacct for a status table no one reads
             with run.Experiment(job.stage.slug, executor=executor, id=job_id, clean_mode=True,
                                 enable_goodbye_message=False, skip_status_at_exit=True) as exp:
