@@ -12,7 +12,8 @@ Config keys (others, such as `run` and `job`, are ignored):
     make_checkpoint: false     # build a seeded random checkpoint of `model` at `checkpoint` first (-c tiny)
     tokenizer: null            # tokenizer.json of a made checkpoint
     output_dir: DIR            # results.json, and tasks/<task>.json as each task ends (a re-run skips those)
-    backend: hf                # hf: lm-eval's HF model in this process; vllm: `vllm serve` here, lm-eval's
+    backend: hf                # hf: lm-eval's HF model in this process (a ModelOpt-quantized checkpoint emulated:
+                               # recipes/evaluation/emulate.py); vllm: `vllm serve` here, lm-eval's
                                # local-completions against it
     device: auto               # hf backend: auto (cuda when visible) | cpu | cuda
     batch_size: 8              # requests per forward pass (hf), concurrent requests (vllm)
@@ -28,7 +29,7 @@ Output (output_dir/results.json): the checkpoint (path, kind, lineage), backend,
 metric, score, stderr, samples, version, few-shot count and all metrics, the generation settings, the seconds.
 
 Exit codes: 0 done (or already done); 2 a config or input problem (one line on stderr, nothing written: an unknown
-task, a checkpoint that is not there, a quantized checkpoint on the hf backend); 1 the machine's failure (one line:
+task, a checkpoint that is not there); 1 the machine's failure (one line:
 a model server that did not come up, lm-eval missing) or anything else (with its traceback).
 """
 
@@ -40,9 +41,11 @@ import os
 import sys
 import time
 
+from . import quiet
 from .contract import INPUT_ERROR_EXIT, RESULTS_FILE, quantization, score_lines, write_atomic
 from .dataprep.errors import DataPrepError, HubUnreachable
 from .dataprep.settings import load_config
+from .evaluation import emulate
 from .evaluation.errors import EvalError, EvalFailed
 
 PROG = "ultra3 eval"
@@ -108,8 +111,9 @@ def checkpoint(cfg: dict) -> str:
         dest = os.path.join((cfg.get("job") or {}).get("dir") or os.path.dirname(cfg["output_dir"]), "hf")
         return megatron_export.export_once(ckpt, dest, "checkpoint", log)
     if cfg.get("backend", "hf") == "hf" and os.path.isdir(ckpt) and (algo := quantization(ckpt)):
-        raise EvalError(f"checkpoint: {ckpt} is quantized ({algo}), which the hf backend cannot run; evaluate it "
-                        "with backend=vllm on a GPU profile (--batch PROFILE)")
+        dest = os.path.join((cfg.get("job") or {}).get("dir") or os.path.dirname(cfg["output_dir"]), "bf16-emulated")
+        log(f"{ckpt} is quantized ({algo}): emulated from a BF16 copy at {dest} ({emulate.SUMMARY})")
+        return emulate.bf16_copy(ckpt, dest)
     return ckpt
 
 
@@ -131,8 +135,15 @@ def model(cfg: dict, path: str, url: str | None):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(1)  # a tiny model on busy cores: extra threads only spin
-    return get_model("hf").create_from_arg_obj({"pretrained": path, "dtype": "bfloat16", "device": device},
-                                               {"batch_size": batch})
+    lm = get_model("hf").create_from_arg_obj({"pretrained": path, "dtype": "bfloat16", "device": device},
+                                             {"batch_size": batch})
+    if emulated(path):
+        log(f"quantized activations: {emulate.quantize_activations(lm.model, path)} module(s) hooked")
+    return lm
+
+
+def emulated(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, emulate.SCALES))
 
 
 def generation(cfg: dict) -> dict:
@@ -159,7 +170,9 @@ def summary(name: str, found: dict) -> dict:
 
 def evaluate(cfg: dict, tasks: list[dict], path: str, url: str | None, out: str) -> dict:
     """Each task not already scored in out/tasks/, written there as it ends (a requeued job resumes)."""
-    from lm_eval import simple_evaluate
+    from lm_eval import evaluator, simple_evaluate
+
+    evaluator.get_git_commit_hash = lambda: None  # it asks git in the job's code dir, no repository: a `fatal:` line
 
     from .evaluation.tasks import resolve
 
@@ -218,6 +231,7 @@ def run(config_path: str) -> int:
     results = {"request": wanted,
                "checkpoint": {"path": path, "given": cfg["checkpoint"], "kind": kind(path, chain), "lineage": chain},
                "backend": backend, "harness": {"name": HARNESS, "version": lm_eval.__version__},
+               **({"emulation": emulate.SUMMARY} if emulated(path) else {}),
                "tasks": scored, "generation": generation(cfg), "seconds": round(time.time() - started, 1)}
     write_atomic(results_path, json.dumps(results, indent=2) + "\n")
     log(f"wrote {results_path} in {time.time() - started:.1f} s\n" + "\n".join(score_lines(results)))
@@ -228,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
     args = parser.parse_args(argv)
+    quiet.install()
     try:
         return run(args.config)
     except DataPrepError as e:  # EvalError, a Megatron export's input error, or the config unreadable

@@ -21,7 +21,7 @@ VERBOSE = os.environ.get(VERBOSE_VAR) == "1"
 
 # the libraries whose warnings and log records below ERROR stay out of the log
 LIBRARIES = ("megatron", "transformer_engine", "apex", "transformers", "huggingface_hub", "datasets", "modelopt",
-             "torch", "ray", "nemo_rl", "nvidia_resiliency_ext")
+             "torch", "ray", "nemo_rl", "nvidia_resiliency_ext", "lm_eval", "evaluate")
 # what their progress bars and log levels obey, for this process and every process it starts (the recipe, its
 # ranks, Ray's nodes); a value the job's environment already has (run.env) is kept
 ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
@@ -40,6 +40,21 @@ def install() -> None:
     warnings.filterwarnings("ignore", module=rf"({'|'.join(LIBRARIES)})(\.|$)")
     for name in LIBRARIES:
         logging.getLogger(name).setLevel(logging.ERROR)
+    _bars_off()
+
+
+def _bars_off() -> None:
+    """tqdm bars off even where a library passes disable=False itself (lm-eval's), which TQDM_DISABLE cannot do."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    init = tqdm.__init__
+
+    def quiet_init(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "disable": True})
+
+    tqdm.__init__ = quiet_init
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
 """`ultra3 eval`: the dry runs of the shipped configs (the Ultra serving layout against the GPUs' memory), bad input
-in one line (an unknown task with lm-eval's closest name, a quantized checkpoint on the hf backend, vLLM without
+in one line (an unknown task with lm-eval's closest name, vLLM without
 GPUs or with a layout that is not the node), the runtime's bounded wait for a server that never listens,
-`nemotron jobs compare` and `nemotron jobs status` on results; heavy: `ultra3 eval -c tiny` for real on CPU."""
+`nemotron jobs compare` and `nemotron jobs status` on results; heavy: `ultra3 eval -c tiny` for real on CPU, and
+a quantized tiny checkpoint beside its BF16 source."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +70,12 @@ def quantized(folder: Path) -> Path:
     return folder
 
 
-def test_a_quantized_checkpoint_on_the_hf_backend_is_refused_with_the_fix(cli_here, home, tmp_path):
+def test_a_quantized_checkpoint_on_the_hf_backend_is_emulated_and_said_so(cli_here, home, tmp_path):
     ckpt = quantized(tmp_path / "nvfp4")
-    line = one_error(cli_here("eval", "-c", "tiny", "--dry-run", "make_checkpoint=false", f"checkpoint={ckpt}"))
-    assert "is an NVFP4 quantized checkpoint, which the hf backend" in line and "backend=vllm on a GPU profile" in line
+    r = cli_here("eval", "-c", "tiny", "--dry-run", "make_checkpoint=false", f"checkpoint={ckpt}")
+    assert r.rc == 0, r.err
+    assert "note: checkpoint: a quantized checkpoint on the hf backend is emulated: its weights dequantized as " \
+           "stored" in r.out
     served = cli_here(*DEFAULT[:-1], f"checkpoint={ckpt}")  # vLLM serves it: sized at NVFP4
     assert served.rc == 0 and "checkpoint kind  quantized-checkpoint" in served.out, served.err
 
@@ -160,3 +164,26 @@ def test_tiny_eval_for_real_then_status_and_compare(cli, home):
     assert compared.rc == 0, compared.err
     rows = [line for line in compared.out.splitlines() if line.startswith("ultra3_")]
     assert "+0.0000 (inside stderr" in rows[0] and rows[1].split()[-1] == "-"  # the second scored one task
+
+
+@pytest.mark.heavy
+def test_the_nvfp4_quantization_beside_its_bf16_source_on_cpu(cli, home):
+    """quantize -c tiny, then eval of its BF16 source and of its export (emulated), compared."""
+    made = cli("quantize", "-c", "tiny", timeout=300)
+    assert made.rc == 0, made.out + made.err
+    source = next(home.rglob("ultra3-quantize_*/tiny-bf16"))
+    runs = [cli("eval", "-c", "tiny", "make_checkpoint=false", f"checkpoint={source}", timeout=300),
+            cli("eval", "-c", "tiny", "make_checkpoint=false", "checkpoint=ultra3-quantized-checkpoint-tiny:latest",
+                timeout=300)]
+    for r in runs:
+        assert r.rc == 0, r.out + r.err
+    assert "quantized activations: 14 module(s) hooked" in runs[1].out  # 12 FP8 layers' inputs, the K and V cache
+    ids = [next(w for w in r.out.split() if w.startswith("ultra3-eval_")) for r in runs]
+    results = [json.loads(next(home.rglob(f"{i}/eval/results.json")).read_text()) for i in ids]
+    assert "emulation" not in results[0] and results[1]["emulation"].startswith("weights dequantized")
+    assert results[1]["checkpoint"]["kind"] == "quantized-checkpoint"
+    compared = cli("jobs", "compare", ids[0], ids[1], prog="nemotron")
+    assert compared.rc == 0, compared.err
+    assert "(quantized-checkpoint, emulated)" in compared.out.splitlines()[1]
+    rows = [line for line in compared.out.splitlines() if line.startswith("ultra3_")]
+    assert len(rows) == 2 and all(re.search(r"[+-]\d\.\d{4} \((inside|outside) stderr", row) for row in rows), rows

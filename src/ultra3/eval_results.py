@@ -80,7 +80,8 @@ def compare_lines(loaded: list[tuple[str, dict]]) -> list[str]:
     score ± stderr, and for every result after the first its difference to the first and whether that is inside
     their combined stderr."""
     lines = [f"[{i}] {label}: {(r.get('checkpoint') or {}).get('given') or (r.get('checkpoint') or {}).get('path')} "
-             f"({(r.get('checkpoint') or {}).get('kind') or '?'})" for i, (label, r) in enumerate(loaded, 1)]
+             f"({(r.get('checkpoint') or {}).get('kind') or '?'}{', emulated' if r.get('emulation') else ''})"
+             for i, (label, r) in enumerate(loaded, 1)]
     tasks = list(dict.fromkeys(name for _, r in loaded for name in r["tasks"]))
     rows = [("task", "metric", *(f"[{i}]" for i in range(1, len(loaded) + 1)),
              *(f"[{i}]-[1]" for i in range(2, len(loaded) + 1)))]
