@@ -36,7 +36,7 @@ import time
 
 import yaml
 
-from . import quiet
+from . import quiet, rl_steps
 from .contract import CONTINUE_EXIT, GROUP_RESOURCE, PREFLIGHT_EXIT, PREFLIGHT_MARK, newest_step
 from .dataprep.errors import DataPrepError
 from .dataprep.settings import cli
@@ -333,7 +333,7 @@ def train(cfg: dict, path: str) -> int:
     env = dict(os.environ)
     if entity := (cfg.get("wandb") or {}).get("entity"):
         env["WANDB_ENTITY"] = str(entity)
-    code = subprocess.run(argv, cwd=cfg["nemo_rl_dir"], env=env, check=False).returncode
+    code = run_nemo_rl(argv, cfg["nemo_rl_dir"], env)
     if code:
         return code
     # NeMo RL also exits 0 when it saves and stops at checkpointing.checkpoint_must_save_by
@@ -345,6 +345,22 @@ def train(cfg: dict, path: str) -> int:
             f"next allocation resumes from step {done}")
         return CONTINUE_EXIT
     return export_output(cfg, newest)
+
+
+def run_nemo_rl(argv: list[str], cwd: str, env: dict[str, str]) -> int:
+    """NeMo RL with its output passed through, and after each step's block one `rl: step N/M ...` line
+    (rl_steps) for the figures (benchmarks/gpu_smoke.py)."""
+    steps = rl_steps.StepLog()
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True,
+                          errors="replace", bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            if summary := steps.feed(line):
+                log(summary.removeprefix(f"{PROG}: "))
+    if summary := steps.close():
+        log(summary.removeprefix(f"{PROG}: "))
+    sys.stdout.flush()
+    return proc.returncode
 
 
 def step_budget(cfg: dict, ran: dict) -> int | None:

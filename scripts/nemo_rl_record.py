@@ -26,9 +26,11 @@ CONVERTER = "examples/converters/convert_megatron_to_hf.py"
 CONFIGS = ("student_rlvr1", "student_rlvr2", "ifbench_teacher", "rlhf_teacher", "reasoning_teacher",
            "swe_teacher", "mopd")
 LONGEST = 160  # characters of a recorded string; longer ones are prose (judge prompts)
-# Tables NeMo RL hands on without a schema of its own (vLLM engine arguments, NeMo Gym server configs,
-# HF config overrides, environment variables): any key below them is accepted.
-OPEN = ("policy.generation.vllm_kwargs", "policy.hf_config_overrides", "policy.megatron_cfg.env_vars",
+# Tables NeMo RL hands on without a schema of its own (vLLM engine arguments, the Megatron inference engine's
+# settings merged over megatron_cfg, NeMo Gym server configs, HF config overrides, environment variables): any
+# key below them is accepted.
+OPEN = ("policy.generation.vllm_kwargs", "policy.generation.mcore_generation_config", "policy.hf_config_overrides",
+        "policy.megatron_cfg.env_vars",
         "env.nemo_gym", "_teachers", "on_policy_distillation.teacher_model_by_agent_name")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import ray_nodes, rl
+from recipes import ray_nodes, rl, rl_steps
 from recipes.contract import CONTINUE_EXIT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +32,8 @@ if os.environ.get("STAND_IN_HOLD"):  # stay running until the test lets go
     while not os.path.exists(os.environ["STAND_IN_HOLD"]):
         time.sleep(0.05)
 step = int(os.environ["STAND_IN_STEP"])
+if os.environ.get("STAND_IN_LOG"):  # NeMo RL's printout of its steps
+    print(open(os.environ["STAND_IN_LOG"]).read(), end="")
 ckpt = pathlib.Path(cfg["checkpointing"]["checkpoint_dir"], f"step_{step}")
 (ckpt / "policy" / "weights" / f"iter_{step:07d}").mkdir(parents=True, exist_ok=True)
 (ckpt / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -118,6 +120,21 @@ def test_stopping_at_the_time_limit_is_not_finishing(job):
                              "iter_0000128", "128\n")
     seen = yaml.safe_load(Path(job["job"]["dir"], "seen.yaml").read_text())
     assert seen == {"model": job["policy"], "wandb_entity": "ultra-team"}  # W&B's entity reaches NeMo RL
+
+
+STEP_LOG = REPO / "tests" / "data" / "nemo_rl" / "grpo_steps.log"  # NeMo RL's step blocks, as its grpo.py prints
+STEP_LINES = ["rl: step 1/3 reward 0.2500 kl 0.0004 loss 0.0123 step_s 41.20 generation_s 12.31 training_s 9.87",
+              "rl: step 2/3 reward 0.0000 kl 0.0003 loss -0.0104 step_s 18.44 generation_s 7.50 training_s 4.12",
+              "rl: step 3/3 reward 0.5000 kl 0.0002 loss 0.0051 step_s 25.03 generation_s 7.01 training_s 4.40"]
+
+
+def test_each_step_of_nemo_rl_gets_one_line(job):
+    job["max_steps"] = job["nemo_rl"]["grpo"]["max_num_steps"] = 3
+    code, out, err = run(job, 3, STAND_IN_LOG=str(STEP_LOG))
+    assert code == 0, (out, err)
+    assert [line for line in out.splitlines() if line.startswith("rl: step ")] == STEP_LINES
+    assert "  • Avg Reward: 0.2500" in out.splitlines()  # NeMo RL's own output passes through
+    assert [rl_steps.parse(line)["reward"] for line in STEP_LINES] == [0.25, 0.0, 0.5]
 
 
 def test_epochs_ending_before_max_steps_is_finishing(job, tmp_path):

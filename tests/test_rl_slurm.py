@@ -43,7 +43,8 @@ def rl_inputs(slurm, home, cli, tmp_path) -> list[str]:
 
 
 def test_check_only_brings_up_the_layout_on_two_nodes(cli, rl_inputs):
-    job_id, job_dir = submit(cli, "rl", "rlvr", "-c", "tiny", "--batch", "two-gpu-nodes", *rl_inputs, "check_only=true")
+    job_id, job_dir = submit(cli, "rl", "rlvr", "-c", "tiny_ray", "--batch", "two-gpu-nodes", *rl_inputs,
+                             "check_only=true")
     _, log = finish(cli, job_id)
     assert "#SBATCH --gpus-per-node=1" in Path(job_dir, "rl-rlvr_sbatch.sh").read_text()
     for line in ["node 0 of 2: localhost", "node 1 of 2: localhost2",
@@ -68,7 +69,7 @@ def test_check_only_waits_for_the_sandbox_on_every_node(cli, rl_inputs):
     a container on this cluster and fails beside the job)."""
     with socket.create_server(("", 0)) as sandbox:
         port = sandbox.getsockname()[1]
-        job_id, job_dir = submit(cli, "rl", "rlvr", "-c", "tiny", "--batch", "two-gpu-nodes", *rl_inputs,
+        job_id, job_dir = submit(cli, "rl", "rlvr", "-c", "tiny_ray", "--batch", "two-gpu-nodes", *rl_inputs,
                                  "check_only=true", "sandbox.image=/sqsh/nemo-skills.sqsh", f"sandbox.port={port}")
         _, log = finish(cli, job_id)
     assert "--container-image=/sqsh/nemo-skills.sqsh" in Path(job_dir, "rl-rlvr_sbatch.sh").read_text()
@@ -77,7 +78,7 @@ def test_check_only_waits_for_the_sandbox_on_every_node(cli, rl_inputs):
 
 
 def test_without_nemo_rl_the_job_stops_in_its_preflight(cli, rl_inputs):
-    r = cli("rl", "rlvr", "-c", "tiny", "--run", "two-gpu-nodes", *rl_inputs, timeout=600)
+    r = cli("rl", "rlvr", "-c", "tiny_ray", "--run", "two-gpu-nodes", *rl_inputs, timeout=600)
     assert r.rc == 1, (r.out, r.err)  # an attached job that did not complete (the job's own code: below)
     reason = re.search(r"FAILED \(exit code 3\): (PREFLIGHT FAILED on \S+: .*)$", r.err, re.M)
     assert reason, r.err
@@ -89,7 +90,7 @@ def test_without_nemo_rl_the_job_stops_in_its_preflight(cli, rl_inputs):
 
 
 def test_cancel_through_nemotron_jobs(cli, rl_inputs):
-    job_id, _ = submit(cli, "rl", "rlvr", "-c", "tiny", "--batch", "two-gpu-nodes", *rl_inputs, "check_only=true")
+    job_id, _ = submit(cli, "rl", "rlvr", "-c", "tiny_ray", "--batch", "two-gpu-nodes", *rl_inputs, "check_only=true")
     r = cli("jobs", "cancel", job_id, prog="nemotron")
     assert r.rc == 0, r.err
     ended = wait_for(lambda: "CANCELLED" in cli("jobs", "status", job_id, prog="nemotron").out, timeout=120, interval=2)

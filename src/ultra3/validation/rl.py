@@ -6,13 +6,14 @@ the recipe needs. The dry run also gets the Ray layout and the materialized NeMo
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import yaml
 
 from .. import nemo_rl_api
-from ..contract import NAME, newest_step
+from ..contract import CHECKPOINT_TRACKERS, NAME, newest_step
 from ..findings import Report
 from ..leaks import masked
 from ..nemo_rl_config import (TEACHER_CFG, declared_judges, describe, effective, is_mopd, layout_keys, materialize,
@@ -47,6 +48,7 @@ def validate_rl(cfg: dict[str, Any], report: Report) -> None:
     steps(cfg, report)
     judges(cfg, gpus, report)
     services(cfg, report)
+    notes(cfg, gpus, report)
     report.tables["ray layout (node groups)"] = layout_rows(cfg, gpus)
     report.blocks[f"NeMo RL config ({nemo_rl_api.yaml_path(cfg['recipe'])} at {nemo_rl_api.commit()[:12]} "
                   "with nemo_rl.* merged)"] = yaml.safe_dump(masked(materialize(cfg)), sort_keys=False, width=120)
@@ -303,6 +305,28 @@ def services(cfg: dict[str, Any], report: Report) -> None:
                                    f"got {blend!r}")
 
 
+GYM_SERVERS = "env.nemo_gym.config_paths"
+
+
+def notes(cfg: dict[str, Any], gpus: int, report: Report) -> None:
+    """What a smoke-test layout leaves out, and how the job turns the policy input into what NeMo RL loads."""
+    if cfg["layout"].get("colocated"):
+        kept, recorded = effective(cfg, GYM_SERVERS) or [], nemo_rl_api.keys(cfg["recipe"]).get(GYM_SERVERS) or []
+        off = f"; NeMo Gym runs {len(kept)} of the recipe's {len(recorded)} server configs ({GYM_SERVERS})" \
+            if len(kept) < len(recorded) else ""
+        report.note("layout.colocated", f"colocated on {cfg['layout'].get('train_nodes', 0) * gpus} GPU(s): "
+                                        f"{effective(cfg, 'policy.generation.backend')} generation and Megatron "
+                                        f"training take turns on the same GPU(s), no generation nodes{off}")
+    policy = str(cfg.get("policy") or "")
+    if policy and os.path.isdir(os.path.expanduser(policy)):
+        if any(os.path.isfile(os.path.join(os.path.expanduser(policy), t)) for t in CHECKPOINT_TRACKERS):
+            how = ("a Megatron checkpoint: the job exports it to Hugging Face once (quantize's export, into "
+                   "<experiment>/policy-hf) and NeMo RL starts from that")
+        else:
+            how = "read by NeMo RL as a Hugging Face checkpoint, as it is"
+        report.note("policy", how)
+
+
 def layout_rows(cfg: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
     rows, start = [], 0
     for group, count in node_groups(cfg):
@@ -313,7 +337,7 @@ def layout_rows(cfg: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
                     f"CP{effective(cfg, f'{MEGATRON}.context_parallel_size')} "
                     f"PP{effective(cfg, f'{MEGATRON}.pipeline_model_parallel_size')}, {count * gpus} GPUs")
             if cfg["layout"].get("colocated"):
-                what += ", vLLM generation on the same GPUs"
+                what += f", {effective(cfg, 'policy.generation.backend')} generation on the same GPUs"
         elif group == "generation":
             tp = int(effective(cfg, f"{VLLM}.tensor_parallel_size") or 1)
             what = f"generation: vLLM TP{tp} EP{effective(cfg, f'{VLLM}.expert_parallel_size')}, " \
