@@ -32,13 +32,12 @@ time = "00:05:00"
 container_image = ""
 """
 PREP = ["data", "prep", "pretrain", "-c", "tiny"]
-IMPORTS = {  # what one submission imports of NeMo-Run: all of it, and (for scale) its Slurm modules alone
-    "import nemo_run (what a submission imports)": "import nemo_run",
-    "its Slurm modules alone (package __init__s skipped)": """
-import importlib.util
-for name in ("nemo_run", "nemo_run.core.execution"):
-    sys.modules[name] = importlib.util.module_from_spec(importlib.util.find_spec(name))
-import nemo_run.core.execution.slurm, nemo_run.core.tunnel.client, nemo_run.core.packaging.pattern""",
+IMPORTS = {  # NeMo-Run whole, as submissions imported it before, and what one imports now (nemo_run_lite)
+    "import nemo_run (whole)": "import nemo_run",
+    "what a submission imports of it (nemo_run_lite)": """
+from ultra3.executors.nemo_run_lite import submission
+with submission():
+    pass""",
 }
 
 
