@@ -232,9 +232,10 @@ def test_full_without_dry_run_is_refused(cli, home, args):
 def test_pipe_dry_run_shows_its_scripts_with_full(cli, home):
     summary = ok(cli("pipe", "-c", "tiny", "--batch", "ci", "--dry-run")).out
     full = ok(cli("pipe", "-c", "tiny", "--batch", "ci", "--dry-run", "--full")).out
-    assert "Not shown (add --full): the sbatch script of data-pretrain, pretrain, data-sft, sft, quantize." in summary
+    assert "Not shown (add --full): the sbatch script of data-pretrain, pretrain, data-sft, sft, eval-sft, quantize, " \
+           "eval-quantized." in summary
     assert "#SBATCH" not in summary
-    assert full.count("#!/bin/bash") == 5 and "== sft: sbatch script ==" in full
+    assert full.count("#!/bin/bash") == 7 and "== sft: sbatch script ==" in full
     titles = [line for line in full.splitlines() if line.startswith("== ")]
     shown = [line for line in summary.splitlines() if line.startswith("== ")]
     assert shown == [t for t in titles if not t.endswith(": sbatch script ==")]

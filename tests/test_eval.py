@@ -187,3 +187,20 @@ def test_the_nvfp4_quantization_beside_its_bf16_source_on_cpu(cli, home):
     assert "(quantized-checkpoint, emulated)" in compared.out.splitlines()[1]
     rows = [line for line in compared.out.splitlines() if line.startswith("ultra3_")]
     assert len(rows) == 2 and all(re.search(r"[+-]\d\.\d{4} \((inside|outside) stderr", row) for row in rows), rows
+
+
+@pytest.mark.heavy
+def test_a_pipe_of_two_evaluations_ends_with_them_side_by_side(cli, home, tmp_path):
+    pipe = tmp_path / "two.yaml"
+    pipe.write_text("stages:\n  all-tasks: {stage: eval, config: tiny}\n"
+                    "  one-task: {stage: eval, config: tiny, overrides: {tasks: [{name: ultra3_tiny_choice}]}}\n")
+    r = cli("pipe", "-c", str(pipe), timeout=600)
+    assert r.rc == 0, r.out + r.err
+    ids = re.findall(r"^== (?:all-tasks|one-task): (ultra3-eval_\S+) ==$", r.out, re.M)
+    end = r.out.split("COMPLETED\n")[-1].splitlines()
+    assert end[:2] == ["", "== evaluations side by side (nemotron jobs compare) =="], r.out
+    assert end[2].startswith(f"[1] {ids[0]}: ") and end[3].startswith(f"[2] {ids[1]}: ")
+    assert [line.split()[0] for line in end if line.startswith("ultra3_")] == ["ultra3_tiny_choice",
+                                                                             "ultra3_tiny_completion"]
+    again = cli("pipe", "-c", str(pipe), timeout=600)  # both skipped: compared from the outputs they made
+    assert again.rc == 0 and "every step already completed" in again.out, again.out + again.err

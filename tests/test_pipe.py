@@ -21,9 +21,9 @@ def test_tiny_pipe_dry_run_wires_each_input_to_the_step_that_makes_it(cli, home)
     # each after the steps whose outputs it reads, and no other: data-sft reads nothing, so it waits for nothing
     assert [(s[0], s[1], s[3]) for s in steps] == [
         ("data-pretrain", "data prep pretrain", ""), ("pretrain", "pretrain", "data-pretrain"),
-        ("data-sft", "data prep sft", ""), ("sft", "sft", "pretrain, data-sft"),
-        ("quantize", "quantize", "data-sft, sft")]
-    assert "critical path: data-pretrain -> pretrain -> sft -> quantize" in r.out
+        ("data-sft", "data prep sft", ""), ("sft", "sft", "pretrain, data-sft"), ("eval-sft", "eval", "sft"),
+        ("quantize", "quantize", "data-sft, sft"), ("eval-quantized", "eval", "quantize")]
+    assert "critical path: data-pretrain -> pretrain -> sft -> quantize -> eval-quantized" in r.out
     ids = {s[0]: s[2] for s in steps}
     wired = dict(re.findall(r"^       (\S+) = (\S+)  \(from pipe step \S+ \(", r.out, re.M))
     assert wired["dataset.blend_path"].endswith(f"/{ids['data-pretrain']}/data/blend.json")
@@ -31,6 +31,10 @@ def test_tiny_pipe_dry_run_wires_each_input_to_the_step_that_makes_it(cli, home)
     assert wired["dataset.packed_dir"].endswith(f"/{ids['data-sft']}/data")
     assert wired["bf16_checkpoint"].endswith(f"/{ids['sft']}/checkpoints")
     assert wired["calibration.path"] == wired["dataset.packed_dir"]  # quantize calibrates on sft's data
+    # each eval scores the latest checkpoint before it: the SFT model, then its quantization
+    evals = re.findall(r"^       checkpoint = (\S+)  \(from pipe step (\S+) ", r.out, re.M)
+    assert [(path.split("/")[-2:], step) for path, step in evals] == [
+        ([ids["sft"], "checkpoints"], "sft"), ([ids["quantize"], "nvfp4"], "quantize")]
     assert "dataset.mock = False  <- tiny.yaml [pretrain]" in r.out  # the pipe's own override, shown
     assert "== estimated cost ==" in r.out and "Dry run: nothing was written or submitted." in r.out
     assert written(home) == []

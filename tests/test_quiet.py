@@ -53,7 +53,7 @@ def test_v_reaches_every_step_of_a_pipe(cli):
     pipe = ["pipe", "-c", "tiny", "--batch", "ci", "--dry-run", "--full"]
     verbose, quiet = cli("-v", *pipe), cli(*pipe)
     assert verbose.rc == quiet.rc == 0, verbose.err + quiet.err
-    assert verbose.out.count("export ULTRA3_VERBOSE=1") == 5 and "ULTRA3_VERBOSE" not in quiet.out
+    assert verbose.out.count("export ULTRA3_VERBOSE=1") == 7 and "ULTRA3_VERBOSE" not in quiet.out
 
 
 # -- the filters, in a real runtime process ------------------------------------------------------------------------

@@ -79,6 +79,8 @@ class Parts:
     stop_time: Callable[[dict[str, Any]], tuple[int, str]] | None = None  # the seconds its runtime needs from the
     # time-limit signal to a saved exit (one step and one save), and how they were sized (config -> (s, basis));
     # None: it cannot stop early, so its Slurm job is never continued across allocations
+    pipe_end: Callable[[list[str], bool], list[str]] | None = None  # what a pipe prints of its steps of this stage
+    # at its end: (each step's job id, or the path of a skipped step's output), whether they all completed -> lines
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,8 @@ def _pipe_command(
     **options,
 ) -> None:
     """Run stages as one chain, each input wired to an earlier stage's output (Slurm: afterok)."""
-    from .pipe import PipeOptions, run_pipe
+    from .pipe import PipeOptions
+    from .pipe_run import run_pipe
 
     given = _merge_group_options(ctx, options)
     run_pipe(PipeOptions(config="default" if given["config"] is None else given["config"], run=given["run"],

@@ -20,7 +20,19 @@ BYTES_PER_PARAM = {"bf16": 2.0, "nvfp4": 0.6}  # NVFP4 routed experts (4.5 bits)
 
 @cache
 def parts() -> Parts:
-    return Parts(_schema(), _validate, _cost)
+    return Parts(_schema(), _validate, _cost, pipe_end=_pipe_end)
+
+
+def _pipe_end(results: list[str], completed: bool) -> list[str]:
+    """A pipe's evaluations side by side once they completed; else the command that will show them."""
+    if len(results) < 2:
+        return []
+    if not completed:
+        return [f"  nemotron jobs compare {' '.join(results)}"]
+    from ..eval_results import compare_lines, load
+
+    return ["", "== evaluations side by side (nemotron jobs compare) ==",
+            *compare_lines([load(ref) for ref in results])]
 
 
 EVAL = Stage(
