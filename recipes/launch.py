@@ -15,6 +15,7 @@ import time
 from . import attempts, contract, preflight, quiet
 from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK, RDZV_PORT
 from .nodes import free_port, preflight_everywhere, run_child
+from .publish import record_outputs
 from .ray_nodes import ray_across_nodes
 
 
@@ -113,7 +114,7 @@ def publish(cfg: dict, seconds: float) -> int:
               file=sys.stderr, flush=True)
         return 1
     try:
-        published = contract.record_outputs(cfg, seconds)
+        published = record_outputs(cfg, seconds)
     except (OSError, ValueError) as e:  # an unwritable store: the outputs stay, the job says why it failed
         print(f"{job.get('stage')}: error: cannot publish to the artifact store {job['artifacts_root']}: {e}",
               file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import stage_config
-from recipes import contract, preflight
+from recipes import contract, preflight, publish
 from ultra3 import contract as launcher_contract
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_record_outputs_publishes_and_writes_the_jobs_outputs_json(tmp_path):
         "dir": str(job_dir), "artifacts_root": str(tmp_path / "store"),
         "produces": [{"name": "pretrain-data-tiny", "kind": "pretrain-data", "path": str(out / "blend.json")}],
         "inputs": [{"name": "corpus", "key": "x", "path": "/in", "producer": None, "artifact": None}]}}
-    published = contract.record_outputs(cfg, 12.34)
+    published = publish.record_outputs(cfg, 12.34)
     assert [(m["name"], m["version"], m["type"], m["producer"]) for m in published] == \
         [("pretrain-data-tiny", 1, "pretrain-data", "job-1")]
     assert published[0]["seconds"] == 12.3 and published[0]["metadata"]["tokens"] == 1234

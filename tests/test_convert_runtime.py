@@ -289,7 +289,7 @@ def test_finish_renames_partial_on_a_pass_with_the_report(tmp_path, capsys):
     assert report["parity"] == {"tokens": 128, "relative_error": 0.0, "top1": 1.0, "max_abs": 0.0,
                                 "max_relative_error": 0.05, "min_top1": 0.9, "passed": True}
     assert "torch" in report["versions"]
-    from recipes.contract import describe
+    from recipes.publish import describe
 
     assert describe(str(out))["parity"] == report["parity"]  # what the published manifest's metadata carries
     assert "ultra3 convert: parity: relative error 0, top-1 1.0000 over 128 tokens (limits 0.05, 0.9)" in \

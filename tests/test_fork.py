@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes.contract import record_outputs
+from recipes.publish import record_outputs
 from recipes.training import plan
 from test_ssh import PORT, sshd  # noqa: F401  (the SSH tests' sshd on 127.0.0.1, a fixture)
 from ultra3 import records

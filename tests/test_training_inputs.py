@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from recipes.contract import artifact_name, record_outputs
+from recipes.contract import artifact_name
+from recipes.publish import record_outputs
 from ultra3 import records
 from ultra3.paths import nemorun_home
 from ultra3.training_inputs import hf_model_keys

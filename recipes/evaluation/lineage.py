@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .. import contract
+from .. import contract, publish
 
 FIELDS = ("name", "version", "type", "producer", "stage", "config", "path")
 DEPTH = 32  # a chain is far shorter; a damaged store never loops us
@@ -20,7 +20,7 @@ def lineage(cfg: dict, key: str) -> list[dict]:
     if not root or not entry:
         return []
     found, seen = [], set()
-    todo = [contract.versioned(root, entry)]
+    todo = [publish.versioned(root, entry)]
     while todo and len(found) < DEPTH:
         ref = todo.pop(0)
         if not ref or ":" not in ref or ref in seen:
