@@ -105,6 +105,19 @@ def pad_seq_to_mult(tp: int, cp: int, sequence_parallel: bool) -> int:
     return cp_multiple * sp_multiple // math.gcd(cp_multiple, sp_multiple)
 
 
+# -- compile caches (recipes/compile_cache.py keys them; the dry run names them) --------------------
+COMPILE_CACHE_VAR = "ULTRA3_COMPILE_CACHE"  # the job's keyed compile-cache directory, in every process it starts
+
+
+def compile_cache_dir(root: str, arch: str, key: str) -> str:
+    """<root>/<arch>/<key>: arch like sm_90, key image-<digest 16> or pkgs-<hash of the package versions>."""
+    return f"{root.rstrip('/')}/{arch}/{key}"
+
+
+def image_key(digest: str) -> str:
+    return f"image-{digest[:16]}"
+
+
 # -- artifacts -----------------------------------------------------------------------------------
 ARTIFACT_FORMAT = 1
 JOB_OUTPUTS = "outputs.json"  # in the job dir: the manifests the job published

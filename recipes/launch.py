@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from . import attempts, contract, preflight, quiet
+from . import attempts, compile_cache, contract, preflight, quiet
 from .contract import CONTINUE_EXIT, HEAD_NODE_VAR, PREFLIGHT_EXIT, PREFLIGHT_MARK, RDZV_PORT
 from .nodes import free_port, preflight_everywhere, run_child
 from .publish import record_outputs
@@ -86,6 +86,9 @@ def run_stage(cfg: dict, config: str, watch: attempts.Watch) -> int:
                 print(f"input {inp['name']}: {inp['key']} = {inp['path']}  ({inp.get('how') or 'set in the config'})")
     if not (preflight_everywhere(cfg, nodes) if nodes > 1 else preflight.report(cfg)):
         return PREFLIGHT_EXIT
+    said = compile_cache.settle(cfg)  # before the recipe starts: its processes inherit the caches' variables
+    if said and os.environ.get("SLURM_NODEID", "0") == "0":
+        print(said, flush=True)
     if job["launch"] == "torchrun":
         argv = torchrun_argv(cfg, job["recipe"], config)
     else:

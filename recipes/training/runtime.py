@@ -157,8 +157,11 @@ def train(stage: str, path: str) -> None:
     if cfg["job"].get("grace_s"):  # Slurm signals before the time limit: save at the step's end and stop
         container.train.exit_signal_handler = True
         container.train.exit_signal = getattr(signal, CONTINUE_SIGNAL)
+    from .tune_cache import callbacks
+
+    tuning = callbacks()  # recorded autotune results pinned before the first step, new ones recorded
     try:
-        resolve(plan.entry)(container, resolve(FORWARD_STEP))
+        resolve(plan.entry)(container, resolve(FORWARD_STEP), callbacks=tuning)
     except SystemExit as e:  # Megatron-Bridge's exit before train_iters: the signal, exit_duration_in_mins...
         if e.code not in (0, None):
             raise  # Megatron's re-run state machine (16, 17) and errors keep their code

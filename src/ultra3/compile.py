@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import artifacts, executors, images, leaks
+from . import artifacts, compile_cache, executors, images, leaks
 from .artifacts import Source
 from . import schema as schemas
 from .contract import NAME, VERBOSE_VAR
@@ -132,6 +132,8 @@ def _checked(stage: Stage, options: Options, config_path: Path, profile: Profile
                   options.dry_run, report)
     job = Job(stage, options, config_path, profile, executor, config, origin, base_sources, report, flat, wired=wired)
     _settle_inputs(job)
+    if stage.compile_cache:
+        compile_cache.settle(job)
     # after the stage's own derived keys (RL sizes run.nodes from its layout): the executor judges the job that runs
     executors.executor(executor).check(stage, config["run"], profile, report)
     stage.parts().validate(config, report)

@@ -77,7 +77,9 @@ def translate(values: dict[str, Any], flag: str, report: Report) -> dict[str, An
         for var, sub in PERSISTENT_CACHE.items():
             env.setdefault(var, f"{cache}/{sub}")
         values["env"] = env
-        report.note("persistent_cache", f"the vLLM, DeepGEMM and FlashInfer caches of RL jobs go under {cache}")
+        values.setdefault("compile_cache", f"{cache}/compile")
+        report.note("persistent_cache", f"the vLLM, DeepGEMM and FlashInfer caches of RL jobs go under {cache}, and "
+                                        f"training and RL jobs' compile cache (compile_cache) in {cache}/compile")
     for key, ours in STAGE_KEYS.items():
         if key in values:
             stage[ours] = values.pop(key)

@@ -104,6 +104,7 @@ class Stage:
     same_output: tuple[str, ...] | None = None  # a stage whose runs with other data publish apart (data prep): the
     # top-level keys that do not change what it makes; another key the command line or a pipe replaces makes a variant
     configs_note: str = ""  # what --help says of its configs beyond their names
+    compile_cache: bool = False  # its jobs compile and autotune GPU kernels: they get a compile cache (compile_cache)
 
     @property
     def name(self) -> str:

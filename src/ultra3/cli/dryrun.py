@@ -11,6 +11,7 @@ from .. import cost, run_plan
 from ..artifacts import optional, source_line
 
 from ..compile import changed_keys
+from ..compile_cache import dry_run_line
 from ..job import Job
 from ..executors import executor
 from ..leaks import masked
@@ -73,6 +74,8 @@ def print_dry_run(job: Job, out: TextIO | None = None, show_full: bool = False) 
     gpu = job.config["cluster"].get("gpu")
     total = f"{nodes * gpus} GPU{'s' if nodes * gpus != 1 else ''}{f' ({gpu})' if gpu else ''}"
     out.write(f"nodes {nodes} x gpus_per_node {gpus} = {total}, time {run.get('time') or '-'}\n")
+    if cache := dry_run_line(job):
+        out.write(cache + "\n")
     run_keys = sorted(k for k in job.origin if k.startswith(("run.", "cluster.")) and k in flat)
     width = max((len(k) for k in run_keys), default=0)
     for key in run_keys:  # where each value of the job's shape and placement came from

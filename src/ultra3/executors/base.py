@@ -51,7 +51,7 @@ class Executor(ABC):
     name: str
     # The `run.*` keys it reads, with their types: its profile and the stage config's `run` section are checked
     # against them (a key another executor reads is an error only where the user set it).
-    keys: Schema = {"env": ENV}
+    keys: Schema = {"env": ENV, "compile_cache": str}  # compile_cache: ultra3.compile_cache
     # True where the scheduler enforces a chain's order, so a pipeline submits all its stages at once;
     # False where a pipeline runs them one after another.
     chains: bool

@@ -22,7 +22,8 @@ def parts() -> Parts:
 
 def _rl(step: str, summary: str, inputs: tuple[Input, ...], output: str, examples: tuple[str, ...]) -> Stage:
     return Stage(("rl", step), summary, f"rl/{step}", "rl", "ray", CHECKS, parts, examples=examples, inputs=inputs,
-                 outputs=(Output(output, "output_dir"),), outputs_by="experiment", image="rl")
+                 outputs=(Output(output, "output_dir"),), outputs_by="experiment", image="rl",
+                 compile_cache=True)
 
 
 RLVR = _rl("rlvr", "Student RLVR: GRPO with verifiable rewards from the SFT policy, NeMo RL on Ray over Slurm.",

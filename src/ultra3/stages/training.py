@@ -43,6 +43,7 @@ PRETRAIN = Stage(
                   config_key="recipe.start_from")),
     outputs=(Output("pretrain-checkpoint", "checkpoint.save"),),
     flags=FLAGS,
+    compile_cache=True,
     examples=(
         "ultra3 pretrain -c tiny --dry-run",
         "ultra3 pretrain --batch mycluster dataset.blend_path=/lustre/data/phase1/blend.json "
@@ -62,6 +63,7 @@ SFT = Stage(
             Input("data", "dataset.packed_dir", ("sft-data",), unless="dataset.mock")),
     outputs=(Output("sft-checkpoint", "checkpoint.save"),),
     flags=FLAGS,
+    compile_cache=True,
     examples=(
         "ultra3 sft -c tiny --dry-run",
         "ultra3 sft --batch mycluster recipe.pretrained_checkpoint=/lustre/ckpt dataset.packed_dir=/lustre/sft",
