@@ -10,8 +10,11 @@ median step time of the iterations after the first 3, tokens/s (global batch x s
 Megatron's own peak allocated memory, and the GPU's peak memory as nvidia-smi saw it (the CUDA context and the
 caching allocator's reserve included), and the seconds Triton spent autotuning (the sum of the times it prints
 under TRITON_PRINT_AUTOTUNING=1, which smoke.sh sets); then the validation losses, the checkpoints saved and
-loaded, and the quantize step's accuracy and size. Writes DIR/results.json with every iteration's figures and,
-when matplotlib is there, the loss curves as a PNG.
+loaded, and the quantize step's accuracy and size. Where smoke.sh's `again` step ran (<step>.again.log: the same
+training with the compile cache the first run filled), a second table puts each step's first iteration and
+autotuning beside the first run's, with the autotune results the job pinned from the cache and the largest
+difference of the per-iteration loss between the two runs. Writes DIR/results.json with every iteration's figures
+and, when matplotlib is there, the loss curves as a PNG.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ AUTOTUNED = re.compile(r"^finished after ([0-9.]+)s,")
 ACCURACY = re.compile(r"accuracy on (\d+) held-out tokens: relative logit error ([0-9.]+), top-1 agreement ([0-9.]+), "
                       r"perplexity ([0-9.]+) -> ([0-9.]+)")
 QUANTIZED = re.compile(r"ultra3 quantize: wrote (\S+) \(bits per element ([0-9.]+)\) in ([0-9.]+) s")
+PINNED = re.compile(r"^ultra3: pinned (\d+) recorded autotune")  # recipes/training/tune_cache.py
+CACHE = re.compile(r"^compile cache: (\S+) \((warm|cold|off)")  # recipes/compile_cache.py
 
 
 def parse(text: str) -> dict:
     step = {"iterations": [], "memory_gb": {}, "saved": [], "loaded": [], "validation": []}
-    autotuned, quantized = [], {}
+    autotuned, quantized, pinned, cache = [], {}, None, None
     for line in text.splitlines():
         if found := progress.iteration(line, keep=None):  # every field
             step["iterations"].append(found[0])
@@ -53,8 +58,39 @@ def parse(text: str) -> dict:
         elif match := QUANTIZED.search(line):
             quantized.update(output=match.group(1), bits_per_element=float(match.group(2)),
                              seconds=float(match.group(3)))
+        elif match := PINNED.search(line):
+            pinned = (pinned or 0) + int(match.group(1))
+        elif match := CACHE.search(line):
+            cache = match.group(2)
     return {**step, "autotune_s": round(sum(autotuned), 2) if autotuned else None,
-            "autotuned_kernels": len(autotuned), "quantized": quantized}
+            "autotuned_kernels": len(autotuned), "quantized": quantized, "pinned": pinned, "cache": cache}
+
+
+def loss_difference(first: dict, again: dict) -> float | None:
+    """The largest |loss difference| at the iterations both runs logged."""
+    losses = {it["iteration"]: it["lm loss"] for it in first["iterations"] if "lm loss" in it}
+    diffs = [abs(it["lm loss"] - losses[it["iteration"]]) for it in again["iterations"]
+             if "lm loss" in it and it["iteration"] in losses]
+    return max(diffs) if diffs else None
+
+
+def second_run(steps: dict, again: dict) -> dict:
+    """Each step run again with the compile cache: its first iteration and autotuning beside the first run's."""
+    print(f"\n{'again':9} {'cache':>5} {'1st it s':>8} {'then s':>8} {'autotune s':>10} {'then s':>8} {'pinned':>6} "
+          f"{'max loss diff':>13}")
+    rows = {}
+    for name, step in again.items():
+        first = summary(steps.get(name) or {"iterations": []}, 0)
+        row = {"cache": step["cache"], "first_iteration_s": summary(step, 0).get("first_iteration_s"),
+               "first_run_first_iteration_s": first.get("first_iteration_s"), "autotune_s": step["autotune_s"] or 0.0,
+               "first_run_autotune_s": (steps.get(name) or {}).get("autotune_s"), "pinned": step["pinned"],
+               "max_loss_difference": loss_difference(steps[name], step) if name in steps else None}
+        rows[name] = row
+        print(f"{name:9} {row['cache'] or '-':>5} {_num(row['first_iteration_s'], 8, 1)} "
+              f"{_num(row['first_run_first_iteration_s'], 8, 1)} {_num(row['autotune_s'], 10, 1)} "
+              f"{_num(row['first_run_autotune_s'], 8, 1)} {_num(row['pinned'], 6)} "
+              f"{_num(row['max_loss_difference'], 13, 5)}")
+    return rows
 
 
 def peak_mib(path: Path) -> float | None:
@@ -149,7 +185,10 @@ def main() -> int:
                   f"perplexity {q['perplexity_bf16']:.3f} -> {q['perplexity_quantized']:.3f}")
         if "bits_per_element" in q:
             print(f"{name}: wrote {q['output']}, {q['bits_per_element']:.3f} bits per element, {q['seconds']:.1f} s")
-    results = {"versions": versions, "summary": rows, "steps": steps}
+    again = {name: parse((args.dir / f"{name}.again.log").read_text(errors="replace"))
+             for name in STEPS if (args.dir / f"{name}.again.log").is_file()}
+    results = {"versions": versions, "summary": rows, "steps": steps,
+               **({"again": {"summary": second_run(steps, again), "steps": again}} if again else {})}
     (args.dir / "results.json").write_text(json.dumps(results, indent=1))
     if args.plot:
         title = f"ultra3 tiny smoke test: {versions.get('gpu', '')}, BF16"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -172,3 +173,30 @@ def test_recorder_records_after_the_first_step_and_pins_in_the_next_job(tmp_path
     job2.start()
     assert bwd.cache == {(1, "torch.float32"): bwd.configs[0]}
 
+
+def test_smoke_figures_put_the_second_run_beside_the_first(tmp_path):
+    """benchmarks/gpu_smoke.py on the recorded H200 pretrain log and a second run made from it as the cached job
+    would log it: no Triton autotuning, the pins, a short first iteration, one loss off by 0.0002."""
+    recorded = (Path(__file__).parents[1] / "benchmarks" / "gpu_smoke" / "pretrain.log").read_text()
+    (tmp_path / "pretrain.log").write_text(recorded)
+    again = [line for line in recorded.splitlines() if "autotun" not in line.lower() and
+             not line.startswith(("with key as", "finished after", "best config"))]
+    again = [line.replace("elapsed time per iteration (ms): 87356.3", "elapsed time per iteration (ms): 6100.0")
+             .replace("lm loss: 8.334375E+00", "lm loss: 8.334575E+00") for line in again]
+    again[:0] = ["compile cache: /tmp/c/sm_90/pkgs-0123456789abcdef (warm, with recorded tunings)",
+                 "ultra3: pinned 8 recorded autotune result(s) for sm_90 from /tmp/c/tune.json"]
+    (tmp_path / "pretrain.again.log").write_text("\n".join(again))
+    out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "gpu_smoke.py"),
+                          str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    row = next(line for line in out.splitlines() if line.startswith("pretrain ") and "warm" in line)
+    assert row.split() == ["pretrain", "warm", "6.1", "87.4", "0.0", "78.3", "8", "0.00020"]
+    saved = json.loads((tmp_path / "results.json").read_text())["again"]["summary"]["pretrain"]
+    assert saved["pinned"] == 8 and saved["first_run_autotune_s"] == 78.27
+
+
+def test_smoke_script_has_the_eval_and_again_steps(tmp_path):
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "smoke.sh"
+    r = subprocess.run(["bash", str(script), str(tmp_path), "bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown step bogus" in r.stderr
+    steps = r.stderr.split("(", 1)[1]
+    assert "eval" in steps and "again" in steps

@@ -11,23 +11,28 @@
 #   quantize  quantize -c tiny of the SFT checkpoint (NVFP4 with ModelOpt) into a Hugging Face checkpoint
 #   convert   the round trip: convert hf-to-megatron -c tiny (a made tiny Hugging Face checkpoint into Megatron-Bridge),
 #             then convert megatron-to-hf -c tiny of that checkpoint back to Hugging Face, each gated by logit parity
+#   eval      eval -c tiny of the SFT checkpoint and of its quantization, then `nemotron jobs compare` of the two
+#   again     pretrain and sft once more (a new checkpoint dir), with the compile cache the steps before filled: their
+#             first iteration without Triton's autotuning (<step>.again.log)
+# Every training step uses the compile cache $ULTRA3_SMOKE_CACHE (default /tmp/ultra3-smoke/compile-cache), emptied
+# when the pretrain step starts, so the first pretrain is cold.
 # The data preps run where Ray is (any CPU machine, `--run gpu-box` there too); carry their output dirs and
 # $NEMORUN_HOME/artifacts to the same paths here.
 #
-# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all six, in order; a failed step stops the rest,
+# usage: scripts/gpu/smoke.sh OUT [STEP ...]     (default: all, in order; a failed step stops the rest,
 #        unless ULTRA3_SMOKE_KEEP_GOING=1)
 # Writes OUT/<step>.log, OUT/<step>.memory.csv (nvidia-smi memory.used, MiB, every 200 ms) and
 # OUT/versions.json, then prints benchmarks/gpu_smoke.py's table and writes OUT/loss.png. Triton prints each
 # autotuning it does (TRITON_PRINT_AUTOTUNING=1 unless set): the table sums them per step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|phases|sft|quantize|convert ...]}
+out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|phases|sft|quantize|convert|eval|again ...]}
 shift
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume phases sft quantize convert)
+[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume phases sft quantize convert eval again)
 for step in "${steps[@]}"; do
-    case $step in pretrain | resume | phases | sft | quantize | convert) ;; *)
-        echo "unknown step $step (pretrain, resume, phases, sft, quantize, convert)" >&2; exit 2 ;;
+    case $step in pretrain | resume | phases | sft | quantize | convert | eval | again) ;; *)
+        echo "unknown step $step (pretrain, resume, phases, sft, quantize, convert, eval, again)" >&2; exit 2 ;;
     esac
 done
 
@@ -36,6 +41,7 @@ export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
 env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
 converted=${ULTRA3_SMOKE_CONVERTED:-/tmp/ultra3-smoke/convert}  # the round trip's two outputs, new each run
+cache=${ULTRA3_SMOKE_CACHE:-/tmp/ultra3-smoke/compile-cache}
 
 python3 - "$out/versions.json" <<'EOF'
 import importlib.metadata as md, json, shutil, subprocess, sys
@@ -58,7 +64,8 @@ failed=0
 for step in "${steps[@]}"; do
     second=()  # a second command of the step, run when the first succeeds
     case $step in
-        pretrain) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
+        pretrain) rm -rf "$cache"
+            argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
         resume) argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints" train.train_iters=60) ;;
         phases) rm -rf "$checkpoints-phases"
             argv=(pretrain -c tiny_phases dataset.mock=false "checkpoint.save=$checkpoints-phases") ;;
@@ -68,23 +75,39 @@ for step in "${steps[@]}"; do
             rm -rf "$converted"
             argv=(convert hf-to-megatron -c tiny "output_dir=$converted/megatron")
             second=(convert megatron-to-hf -c tiny "megatron_checkpoint=$converted/megatron" "output_dir=$converted/hf") ;;
+        eval) argv=(eval -c tiny make_checkpoint=false checkpoint=ultra3-sft-checkpoint-tiny:latest)
+            second=(eval -c tiny make_checkpoint=false checkpoint=ultra3-quantized-checkpoint-tiny:latest) ;;
+        again) rm -rf "$checkpoints-again"  # a new run: loading iteration 40 would train nothing
+            argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints-again")
+            second=(sft -c tiny dataset.mock=false) ;;
     esac
+    case ${argv[0]} in pretrain | sft) argv+=("run.compile_cache=$cache") ;; esac
+    case ${second[0]:-} in pretrain | sft) second+=("run.compile_cache=$cache") ;; esac
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$step.memory.csv" 2>/dev/null &
     sampler=$!
     started=$(date +%s)
     echo "== $step: ultra3 ${argv[*]} --run gpu-box"
-    ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" >"$out/$step.log" 2>&1
+    log=$out/$step.log
+    [ "$step" = again ] && log=$out/pretrain.again.log
+    ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" >"$log" 2>&1
     status=$?
     if [ $status -eq 0 ] && [ ${#second[@]} -gt 0 ]; then
         echo "== $step: ultra3 ${second[*]} --run gpu-box"
-        ultra3 "${second[@]}" --run gpu-box --env-file "$env_file" >>"$out/$step.log" 2>&1
+        [ "$step" = again ] && log=$out/sft.again.log && : >"$log"
+        ultra3 "${second[@]}" --run gpu-box --env-file "$env_file" >>"$log" 2>&1
+        status=$?
+    fi
+    if [ $status -eq 0 ] && [ "$step" = eval ]; then  # the SFT model against its quantization
+        mapfile -t results < <(grep -o 'published ultra3-eval-results-[^ ]*' "$log" | cut -d' ' -f2)
+        echo "== $step: nemotron jobs compare ${results[*]}"
+        nemotron jobs compare "${results[@]}" >>"$log" 2>&1
         status=$?
     fi
     kill "$sampler" 2>/dev/null
     echo "== $step: exit $status after $(($(date +%s) - started)) s"
     if [ $status -ne 0 ]; then
         failed=$status
-        tail -n 30 "$out/$step.log"
+        tail -n 30 "$log"
         [ "${ULTRA3_SMOKE_KEEP_GOING:-0}" = 1 ] || break
     fi
 done
