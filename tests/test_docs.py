@@ -466,7 +466,7 @@ def test_every_command_example_that_runs_ray_or_torch(tmp_path, monkeypatch):
 
 def help_examples(cli_here) -> list[Example]:
     """The examples of every command's --help: the groups, each stage, pipe and each `nemotron jobs` command."""
-    from ultra3.cli.app import build_jobs
+    from ultra3.cli.jobs_app import build_jobs
     from ultra3.stages import STAGES
 
     jobs = [c.name or c.callback.__name__ for c in build_jobs().registered_commands]

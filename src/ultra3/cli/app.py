@@ -25,14 +25,8 @@ except ImportError:  # pragma: no cover
 
 from ..stage import Flag, Stage
 from ..stages import STAGES
-
-HELP = {"help_option_names": ["-h", "--help"]}
-
-
-def _typer(name: str, help: str) -> typer.Typer:
-    return typer.Typer(name=name, help=help, no_args_is_help=True, rich_markup_mode=None, add_completion=False,
-                       pretty_exceptions_enable=False, context_settings=HELP)
-
+from .groups import HELP, new_group
+from .jobs_app import build_jobs
 
 def _verbose(value: bool) -> None:
     """The job learns it from its environment (run.env), where the compiled config puts VERBOSE_VAR=1."""
@@ -234,7 +228,7 @@ def _pipe_command(
 
 
 def build_ultra3() -> typer.Typer:
-    app = _typer("ultra3", _group_callback.__doc__ or "")  # the group's description and examples
+    app = new_group("ultra3", _group_callback.__doc__ or "")  # the group's description and examples
     app.callback(invoke_without_command=False)(_group_callback)
     groups: dict[tuple[str, ...], typer.Typer] = {(): app}
     for stage in STAGES:
@@ -242,7 +236,7 @@ def build_ultra3() -> typer.Typer:
             prefix = stage.words[:depth]
             if prefix not in groups:
                 under = dict.fromkeys(s.words[depth] for s in STAGES if s.words[:depth] == prefix)
-                sub = _typer(prefix[-1], f"The `{' '.join(prefix)}` commands: {', '.join(under)}.")
+                sub = new_group(prefix[-1], f"The `{' '.join(prefix)}` commands: {', '.join(under)}.")
                 groups[prefix[:-1]].add_typer(sub, name=prefix[-1])
                 groups[prefix] = sub
         cls = type(f"{stage.slug}Command", (StageCommand,), {"stage": stage})
@@ -251,109 +245,8 @@ def build_ultra3() -> typer.Typer:
     return app
 
 
-JOBS_LIST_EXAMPLES = (
-    "nemotron jobs list -n 5",
-    "nemotron jobs list --state FAILED --stage pretrain",
-    "nemotron jobs list --profile local --state COMPLETED",
-    "nemotron jobs list --pipes",
-)
-
-
-def build_jobs() -> typer.Typer:
-    app = _typer("jobs", "Follow jobs submitted from any shell: list, status, logs, cancel, prune, lineage, plot, "
-                         "goodput.")
-
-    @app.command("list", epilog="\b\nExamples:\n  " + "\n  ".join(JOBS_LIST_EXAMPLES))
-    def list_(limit: int = typer.Option(20, "-n", "--limit", min=1, help="How many of the newest jobs."),
-              stage: Optional[str] = typer.Option(None, "--stage", metavar="STAGE",
-                                                  help="Only this stage's jobs (data-prep-sft or 'data prep sft')."),
-              state: Optional[str] = typer.Option(None, "--state", metavar="STATE",
-                                                  help="Only jobs in this state (RUNNING, FAILED, ...)."),
-              profile: Optional[str] = typer.Option(None, "--profile", metavar="PROFILE",
-                                                    help="Only jobs of this profile (local: this machine's)."),
-              pipe: Optional[str] = typer.Option(None, "--pipe", metavar="PIPE_ID",
-                                                 help="Only the steps of this pipe (an id or a prefix)."),
-              pipes: bool = typer.Option(False, "--pipes", help="List the pipes instead, with their steps' "
-                                                                "states.")) -> None:
-        """List submitted jobs, newest first, with their current state."""
-        from ..job_filter import JobFilter
-        from .jobs import list_jobs, list_pipes
-
-        if pipes:
-            return list_pipes(limit)
-        list_jobs(limit, JobFilter(stage, state, profile, pipe))
-
-    @app.command()
-    def status(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, a unique prefix, or a pipe id "
-                                                             "(default: the newest job).")) -> None:
-        """Show one job (state, exit code, reason, paths) or every step of a pipe."""
-        from .jobs import show_status
-
-        show_status(job)
-
-    @app.command()
-    def logs(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, or a unique prefix (default: the "
-                                                            "newest job)."),
-             follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends.")) -> None:
-        """Print the job's log."""
-        from .jobs import show_logs
-
-        show_logs(job, follow)
-
-    @app.command()
-    def cancel(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
-        """Cancel a pending or running job, or every step of a pipe not yet ended."""
-        from .jobs import cancel_job
-
-        cancel_job(job)
-
-    @app.command(epilog="\b\nExamples:\n  nemotron jobs prune\n  nemotron jobs prune --older-than 1d --yes")
-    def prune(older_than: str = typer.Option("7d", "--older-than", metavar="AGE",
-                                             help="Only jobs submitted at least this long ago: 7d, 12h, 30m, 0."),
-              yes: bool = typer.Option(False, "-y", "--yes", help="Remove them (without it: a dry run).")) -> None:
-        """Remove the job dirs and records of old finished jobs; keep those running, pending or holding published
-        artifacts or checkpoints, saying why. A dry run unless --yes."""
-        from .jobs import prune_jobs
-
-        prune_jobs(older_than, yes)
-
-    @app.command()
-    def lineage(job: str = typer.Argument(..., help="Job id, Slurm job id, or a unique prefix.")) -> None:
-        """The jobs and artifacts that led to a job's outputs."""
-        from .jobs import show_lineage
-
-        show_lineage(job)
-
-    @app.command()
-    def compare(results: list[str] = typer.Argument(..., help="Eval results: job ids (or prefixes), artifacts "
-                                                              "NAME:latest|NAME:vN, or results.json paths.")) -> None:
-        """Eval results side by side: each task's score, its difference to the first, inside the stderr or not."""
-        from .jobs import compare_results
-
-        compare_results(results)
-
-    @app.command()
-    def plot(job: Optional[str] = typer.Argument(None, help="Job id, Slurm job id, or a unique prefix (default: the "
-                                                            "newest job)."),
-             output: Optional[str] = typer.Option(None, "-o", "--output", help="The PNG to write (default: "
-                                                                             "<job id>-loss.png here).")) -> None:
-        """Write a training run's loss curve (every attempt, validation, spikes) as a PNG."""
-        from .jobs import show_plot
-
-        show_plot(job, output)
-
-    @app.command()
-    def goodput(job: str = typer.Argument(..., help="Job id, Slurm job id, a unique prefix, or a pipe id.")) -> None:
-        """Split a run's allocated time into productive, start-up and lost, attempt by attempt."""
-        from .jobs import show_goodput
-
-        show_goodput(job)
-
-    return app
-
-
 def build_nemotron() -> typer.Typer:
-    app = _typer("nemotron", "Nemotron training recipes launcher.")
+    app = new_group("nemotron", "Nemotron training recipes launcher.")
 
     @app.callback()
     def _nemotron(version: bool = VERSION) -> None:
