@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .artifacts import blend_problem
+from .input_paths import blend_problem
 from .contract import CHECKPOINT_TRACKERS, checkpoint_iteration
 from .errors import ClusterError
 from .ssh import run

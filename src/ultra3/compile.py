@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import artifacts, compile_cache, executors, images, leaks
+from . import artifacts, compile_cache, executors, images, input_paths, leaks
 from .artifacts import Source
 from . import schema as schemas
 from .contract import NAME, VERBOSE_VAR
@@ -193,7 +193,7 @@ def _settle_inputs(job: Job) -> None:
     for inp, src in zip(job.stage.inputs, job.sources):
         if src:
             job.flat[inp.key] = src.path
-    artifacts.check_paths(job.stage, job.config, job.sources, profile, executors.executor(job.executor).runs_here,
+    input_paths.check_paths(job.stage, job.config, job.sources, profile, executors.executor(job.executor).runs_here,
                           job.report, producers)
     if settle := job.stage.parts().settle:  # keys derived from the inputs, before the outputs are addressed
         settle(job)
