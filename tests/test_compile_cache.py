@@ -15,6 +15,8 @@ import pytest
 
 from recipes import compile_cache
 from recipes.training import tune_cache
+from test_container import built, profiles  # noqa: F401, F811 (a fixture)
+from ultra3 import images
 
 VERSIONS = {"torch": "2.11.0", "triton": "3.6.0", "transformer-engine": "2.18.0", "mamba-ssm": "2.3.2.post1",
             "causal-conv1d": "1.7.0", "megatron-core": "0.19.2"}
@@ -62,6 +64,17 @@ def test_dry_run_names_the_root_and_what_is_there(cli_here, home):
     assert cache_line(off.out).startswith("compile cache: off")
     prep = cli_here("data", "prep", "pretrain", "-c", "tiny", "--dry-run")
     assert prep.rc == 0 and "compile cache" not in prep.out
+
+
+def test_dry_run_knows_the_key_of_a_built_image_and_if_it_is_warm(cli_here, profiles, home):  # noqa: F811
+    image = images.kind_image("training", {}, str(profiles), "b200")
+    built(image)
+    folder = home / "nemorun" / "compile-cache" / "sm_100" / f"image-{image.digest[:16]}"
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run")
+    assert cache_line(r.out) == f"compile cache: {folder} (cold: the first job with this image fills it)", r.out
+    (folder / "triton").mkdir(parents=True)
+    r = cli_here("pretrain", "-c", "tiny", "--batch", "plain", "--dry-run")
+    assert cache_line(r.out) == f"compile cache: {folder} (warm)"
 
 
 @pytest.mark.parametrize("value,message", [
