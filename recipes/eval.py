@@ -35,15 +35,14 @@ a model server that did not come up, lm-eval missing) or anything else (with its
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
-from . import quiet
-from .contract import INPUT_ERROR_EXIT, RESULTS_FILE, quantization, score_lines, write_atomic
-from .dataprep.errors import DataPrepError, HubUnreachable
+from . import entry
+from .contract import RESULTS_FILE, quantization, score_lines, write_atomic
+from .dataprep.errors import HubUnreachable
 from .dataprep.settings import load_config
 from .evaluation import emulate
 from .evaluation.errors import EvalError, EvalFailed
@@ -239,18 +238,9 @@ def run(config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
-    args = parser.parse_args(argv)
-    quiet.install()
-    try:
-        return run(args.config)
-    except DataPrepError as e:  # EvalError, a Megatron export's input error, or the config unreadable
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return INPUT_ERROR_EXIT
-    except (EvalFailed, HubUnreachable) as e:  # the machine's failure, not the input's
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 1
+    # input: EvalError, a Megatron export's input error, the config unreadable; the machine: a model server that
+    # did not come up, lm-eval missing, the hub unreachable
+    return entry.main(__doc__, run, PROG, (EvalFailed, HubUnreachable), argv)
 
 
 if __name__ == "__main__":

@@ -35,16 +35,14 @@ something else); 1 anything else (with its traceback).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
 import time
 
-from . import quiet
-from .contract import INPUT_ERROR_EXIT
-from .dataprep.errors import DataPrepError, HubUnreachable
+from . import entry, quiet
+from .dataprep.errors import HubUnreachable
 from .dataprep.settings import load_config
 from .quantization import megatron_export
 from .quantization.errors import QuantizeError
@@ -257,18 +255,8 @@ def run(config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="the resolved stage config (YAML)")
-    args = parser.parse_args(argv)
-    quiet.install()
-    try:
-        return run(args.config)
-    except DataPrepError as e:  # QuantizeError, or the config unreadable
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return INPUT_ERROR_EXIT
-    except HubUnreachable as e:  # the machine's failure, not the input's
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 1
+    # input: QuantizeError, the config unreadable; the machine: the hub unreachable
+    return entry.main(__doc__, run, PROG, (HubUnreachable,), argv)
 
 
 if __name__ == "__main__":
