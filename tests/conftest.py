@@ -136,6 +136,8 @@ def cli_here(home, capsys, monkeypatch):
     from ultra3.cli.app import nemotron_main, ultra3_main
 
     def run(*args: str, prog: str = "ultra3", env: dict | None = None) -> Result:
+        monkeypatch.setenv("ULTRA3_VERBOSE", "")  # recorded, so that what `-v` sets in the process goes after the test
+        monkeypatch.delenv("ULTRA3_VERBOSE")
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
         monkeypatch.setattr(findings, "_skipped", set())  # a new process names each damaged file again

@@ -304,6 +304,8 @@ class Workspace:
         buffer = io.StringIO()
         with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buffer), \
                 contextlib.redirect_stderr(buffer):
+            mp.setenv("ULTRA3_VERBOSE", "")  # recorded, so that what `-v` sets in the process goes with the example
+            mp.delenv("ULTRA3_VERBOSE")
             for name, value in example.env.items():
                 mp.setenv(name, value)
             mp.setattr(sys, "argv", argv)
