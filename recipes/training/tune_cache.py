@@ -21,7 +21,6 @@ from ..compile_cache import TUNE_FILE
 from ..contract import COMPILE_CACHE_VAR
 
 FORMAT = 1
-CALLBACK_MANAGER = "megatron.bridge.training.callbacks.CallbackManager"
 SCALARS = (bool, int, float, str, type(None))
 
 
@@ -153,14 +152,12 @@ def callbacks() -> Any:
     folder = os.environ.get(COMPILE_CACHE_VAR)
     if not folder:
         return None
-    import importlib
-
     import torch
+    from megatron.bridge.training.callbacks import CallbackManager  # 0.6.2: register(event, fn), these events
 
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     recorder = Recorder(folder, arch, os.environ.get("RANK", "0") == "0")
-    module, _, cls = CALLBACK_MANAGER.rpartition(".")
-    manager = getattr(importlib.import_module(module), cls)()
+    manager = CallbackManager()
     manager.register("on_train_start", recorder.start)
     manager.register("on_train_step_end", recorder.step_end)
     return manager
