@@ -1,5 +1,6 @@
 """The GPU box without network (scripts/gpu): the wheel pins against uv.lock, the nvcc that keeps one architecture,
-carrying a wheel set in parts (damaged and missing parts, a resumed trip, a real pip install read back), the
+carrying a wheel set in parts (damaged and missing parts, a resumed trip, a real pip install read back), the RL
+source trees (pins, staged nested, first on PYTHONPATH), the
 preflight's kernel check, and the smoke-test figures read from a real run's logs."""
 
 from __future__ import annotations
@@ -229,3 +230,74 @@ def test_smoke_table_in_the_readme_is_what_the_script_prints(tmp_path):
     table = [line for line in out.splitlines() if line.startswith(rows)]
     readme = (SMOKE_RUN / "README.md").read_text()
     assert len(table) == 5 and all(line in readme for line in table), table
+
+
+def test_rl_pins_are_whole_commits_and_exact_versions():
+    pins = tomllib.loads((GPU / "rl.toml").read_text())
+    record = json.loads((REPO / "src" / "ultra3" / "nemo_rl_api" / "record.json").read_text())
+    trees = {t["name"]: t for t in pins["source"]}
+    assert set(trees) == {"nemo-rl", "megatron-bridge", "megatron-lm", "nemo-gym"}
+    assert all(re.fullmatch(r"[0-9a-f]{40}", t["commit"]) for t in trees.values())
+    assert trees["nemo-rl"]["commit"] == record["commit"]
+    intos = [t["into"] for t in pins["source"]]
+    assert all(any(into.startswith(parent + "/") for parent in intos[:i]) for i, into in enumerate(intos) if i)
+    assert pins["pythonpath"][0] == trees["megatron-lm"]["into"]  # ahead of the wheel set's megatron-core 0.19.2
+    assert all(any(p == i or p.startswith(i + "/") for i in intos) for p in pins["pythonpath"])
+    assert all(re.fullmatch(r"\d+(\.\d+)+", w["version"]) for w in pins["wheel"])
+    assert len({w["name"] for w in pins["wheel"]}) == len(pins["wheel"])
+
+
+def github_archive(folder: Path, repo: str, commit: str, files: dict[str, str]) -> None:
+    """A tarball laid out as GitHub's archive of a commit: one top folder <name>-<commit>/."""
+    top = folder / f"{repo.split('/')[1]}-{commit}"
+    for name, text in files.items():
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_text(text)
+    subprocess.run(["tar", "-czf", str(folder / f"{commit}.tar.gz"), "-C", str(folder), top.name], check=True)
+
+
+def test_rl_sources_fetched_staged_nested_and_first_on_the_path(tmp_path):
+    pins = tomllib.loads((GPU / "rl.toml").read_text())
+    served = tmp_path / "github"
+    served.mkdir()
+    modules = {"megatron-lm": "megatron/core/__init__.py", "megatron-bridge": "src/megatron/bridge/__init__.py",
+               "nemo-rl": "nemo_rl/__init__.py", "nemo-gym": "nemo_gym/__init__.py"}  # `megatron`: a namespace
+    for tree in pins["source"]:
+        module = modules[tree["name"]]
+        github_archive(served, tree["repo"], tree["commit"], {module: f"WHERE = {tree['name']!r}\n"})
+    index = carry.fetch_sources(tmp_path / "out", pins, url=f"file://{served}/{{commit}}.tar.gz")
+    assert [t["sha256"] for t in index["sources"]] == [carry.sha256(served / f"{t['commit']}.tar.gz")
+                                                     for t in pins["source"]]
+    root = tmp_path / "rl"
+    assert carry.stage_sources(tmp_path / "out", root) == f"staged 4 source trees in {root}"
+    assert (root / "RL/3rdparty/Gym-workspace/Gym/nemo_gym/__init__.py").is_file()
+    assert "staged already" in carry.stage_sources(tmp_path / "out", root)
+    site = tmp_path / "site" / "megatron" / "core"  # the wheel set's older megatron-core
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("WHERE = 'wheel set'\n")
+    path = subprocess.run([sys.executable, str(GPU / "carry.py"), "rl-path", str(root)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    read = subprocess.run([sys.executable, "-c", "import megatron.core, megatron.bridge, nemo_rl, nemo_gym; "
+                           "print(megatron.core.WHERE, megatron.bridge.WHERE, nemo_rl.WHERE, nemo_gym.WHERE)"],
+                          env={"PYTHONPATH": f"{path}:{tmp_path / 'site'}"}, capture_output=True, text=True,
+                          check=True)
+    assert read.stdout.split() == ["megatron-lm", "megatron-bridge", "nemo-rl", "nemo-gym"]
+
+
+def test_rl_stage_refuses_a_damaged_tree_and_rl_path_an_unstaged_root(tmp_path):
+    served = tmp_path / "github"
+    served.mkdir()
+    github_archive(served, "NVIDIA-NeMo/RL", "a" * 40, {"nemo_rl.py": ""})
+    pins = {"pythonpath": ["RL"], "source": [{"name": "nemo-rl", "repo": "NVIDIA-NeMo/RL", "commit": "a" * 40,
+                                              "into": "RL"}]}
+    carry.fetch_sources(tmp_path / "out", pins, url=f"file://{served}/{{commit}}.tar.gz")
+    archive = tmp_path / "out" / f"nemo-rl-{'a' * 40}.tar.gz"
+    archive.write_bytes(archive.read_bytes() + b"x")
+    with pytest.raises(carry.CarryError, match="is missing or damaged"):
+        carry.stage_sources(tmp_path / "out", tmp_path / "rl")
+    assert not (tmp_path / "rl").exists()
+    out = subprocess.run([sys.executable, str(GPU / "carry.py"), "rl-path", str(tmp_path / "rl")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"carry: error: no sources.json in {tmp_path / 'rl'}: stage the RL source trees there first "
+        "(carry.py rl-stage)"]

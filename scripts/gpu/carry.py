@@ -20,6 +20,19 @@ STORE holds every part:
 joins the parts, checks every wheel's sha256 and installs them with pip (no index, no dependencies) into SITE
 (then `export PYTHONPATH=SITE PATH=SITE/bin:$PATH`), or into the running Python's environment without
 --target. Installing the same set again does nothing.
+
+For `ultra3 rl` (the pins of rl.toml): on the machine with network
+
+    python3 scripts/gpu/carry.py rl-fetch OUT
+
+downloads the NeMo RL source trees (GitHub's archive of each pinned commit) into OUT/sources with sources.json,
+and the RL wheels into OUT/wheels with manifest.json (carry those with `pack`, `receive`, `install` as above).
+On the box,
+
+    python3 scripts/gpu/carry.py rl-stage OUT/sources --root ROOT
+
+checks each tree's sha256 and unpacks it at its place under ROOT (again with the same trees: nothing to do), and
+`carry.py rl-path ROOT` prints the PYTHONPATH an RL job puts ahead of the wheel set's.
 """
 
 from __future__ import annotations
@@ -31,11 +44,17 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import tomllib
+import urllib.request
 from pathlib import Path
 
 INDEX = "chunks.json"
 STAMP = ".ultra3-wheelset"
+RL_PINS = Path(__file__).with_name("rl.toml")
+ARCHIVE = "https://github.com/{repo}/archive/{commit}.tar.gz"
+SOURCES = "sources.json"
 
 
 class CarryError(Exception):
@@ -138,6 +157,73 @@ def install(store: Path, target: Path | None) -> str:
     return f"installed {len(files)} wheels (set {wheelset}) into {stamp.parent}"
 
 
+def fetch_sources(out: Path, pins: dict, url: str = ARCHIVE) -> dict:
+    """Each pinned source tree's archive into out (kept when there from an earlier fetch), and out/sources.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    trees = []
+    for tree in pins["source"]:
+        path = out / f"{tree['name']}-{tree['commit']}.tar.gz"
+        if not path.is_file():
+            partial = path.with_name(path.name + ".partial")
+            with urllib.request.urlopen(url.format(**tree)) as answer, open(partial, "wb") as f:
+                shutil.copyfileobj(answer, f)
+            os.replace(partial, path)
+        trees.append({**tree, "file": path.name, "size": path.stat().st_size, "sha256": sha256(path)})
+    index = {"pythonpath": pins["pythonpath"], "sources": trees}
+    (out / SOURCES).write_text(json.dumps(index, indent=1) + "\n")
+    return index
+
+
+def fetch_wheels(out: Path, pins: dict) -> dict:
+    """The pinned RL wheels for the box's CPython 3.12 on x86-64 Linux, without their dependencies, into
+    out/wheels, and out/manifest.json for `pack`."""
+    wheels = out / "wheels"
+    platforms = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+                 for a in ("--platform", p)]
+    specs = [f"{w['name']}=={w['version']}" for w in pins["wheel"]]
+    code = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                           "--python-version", "3.12", *platforms, "--dest", str(wheels), *specs]).returncode
+    if code != 0:
+        raise CarryError(f"pip download of the RL wheels exited {code}")
+    manifest = {"wheels": [{"file": w.name, "size": w.stat().st_size, "sha256": sha256(w)}
+                           for w in sorted(wheels.glob("*.whl"))]}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def stage_sources(folder: Path, root: Path) -> str:
+    """Unpack the trees of folder/sources.json under root, each at its `into`, parents first."""
+    index = json.loads((folder / SOURCES).read_text())
+    held = root / SOURCES
+    if held.is_file() and json.loads(held.read_text()) == index:
+        return f"the source trees are staged already in {root}"
+    for tree in index["sources"]:
+        archive = folder / tree["file"]
+        if not archive.is_file() or archive.stat().st_size != tree["size"] or sha256(archive) != tree["sha256"]:
+            raise CarryError(f"{archive} is missing or damaged (size or sha256 differs from {SOURCES}); carry it again")
+    for tree in index["sources"]:
+        dest = root / tree["into"]
+        shutil.rmtree(dest, ignore_errors=True)  # an earlier commit's tree (and the trees nested in it)
+        with tarfile.open(folder / tree["file"]) as tar:
+            members = []
+            for member in tar.getmembers():  # GitHub's archive: one top folder <repo>-<commit>/, dropped here
+                inner = member.name.partition("/")[2]
+                if inner:
+                    member.name = inner
+                    members.append(member)
+            tar.extractall(dest, members=members, filter="data")
+    shutil.copyfile(folder / SOURCES, held)
+    return f"staged {len(index['sources'])} source trees in {root}"
+
+
+def rl_path(root: Path) -> str:
+    """The PYTHONPATH of an RL job: the staged trees in sources.json's order."""
+    held = root / SOURCES
+    if not held.is_file():
+        raise CarryError(f"no {SOURCES} in {root}: stage the RL source trees there first (carry.py rl-stage)")
+    return os.pathsep.join(str(root / path) for path in json.loads(held.read_text())["pythonpath"])
+
+
 class PartWriter:
     """One stream written as parts of at most `limit` bytes: part-000, part-001, ..."""
 
@@ -193,6 +279,11 @@ def main() -> int:
     i = verbs.add_parser("install")
     i.add_argument("--store", type=Path, required=True)
     i.add_argument("--target", type=Path)
+    verbs.add_parser("rl-fetch").add_argument("out", type=Path)
+    s = verbs.add_parser("rl-stage")
+    s.add_argument("folder", type=Path)
+    s.add_argument("--root", type=Path, required=True)
+    verbs.add_parser("rl-path").add_argument("root", type=Path)
     args = parser.parse_args()
     try:
         if args.verb == "pack":
@@ -205,8 +296,17 @@ def main() -> int:
                 print(f"carry: {problem}", file=sys.stderr)
             print(f"{count} of {total} parts in {args.store}")
             return 2 if problems else 0
-        else:
+        elif args.verb == "install":
             print(install(args.store, args.target))
+        elif args.verb == "rl-fetch":
+            pins = tomllib.loads(RL_PINS.read_text())
+            trees = fetch_sources(args.out / "sources", pins)["sources"]
+            wheels = fetch_wheels(args.out, pins)["wheels"]
+            print(f"{len(trees)} source trees in {args.out / 'sources'}, {len(wheels)} wheels in {args.out / 'wheels'}")
+        elif args.verb == "rl-stage":
+            print(stage_sources(args.folder, args.root))
+        else:
+            print(rl_path(args.root))
     except CarryError as e:
         print(f"carry: error: {e}", file=sys.stderr)
         return 2
