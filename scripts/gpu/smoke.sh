@@ -14,6 +14,9 @@
 #   eval      eval -c tiny of the SFT checkpoint and of its quantization, then `nemotron jobs compare` of the two
 #   again     pretrain and sft once more (a new checkpoint dir), with the compile cache the steps before filled: their
 #             first iteration without Triton's autotuning (<step>.again.log)
+#   rl        rl rlvr -c tiny: 3 GRPO steps from the SFT checkpoint, colocated on the GPU (NeMo RL from the source
+#             trees `scripts/gpu/carry.py rl-sources` staged in $ULTRA3_SMOKE_RL, default /opt/ultra3-rl, put ahead
+#             on PYTHONPATH); `data prep rl -c tiny` first when the store has no rl-data artifact
 # Every training step uses the compile cache $ULTRA3_SMOKE_CACHE (default /tmp/ultra3-smoke/compile-cache), emptied
 # when the pretrain step starts, so the first pretrain is cold.
 # The data preps run where Ray is (any CPU machine, `--run gpu-box` there too); carry their output dirs and
@@ -26,13 +29,13 @@
 # autotuning it does (TRITON_PRINT_AUTOTUNING=1 unless set): the table sums them per step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|phases|sft|quantize|convert|eval|again ...]}
+out=${1:?usage: scripts/gpu/smoke.sh OUT [pretrain|resume|phases|sft|quantize|convert|eval|again|rl ...]}
 shift
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume phases sft quantize convert eval again)
+[ ${#steps[@]} -gt 0 ] || steps=(pretrain resume phases sft quantize convert eval again rl)
 for step in "${steps[@]}"; do
-    case $step in pretrain | resume | phases | sft | quantize | convert | eval | again) ;; *)
-        echo "unknown step $step (pretrain, resume, phases, sft, quantize, convert, eval, again)" >&2; exit 2 ;;
+    case $step in pretrain | resume | phases | sft | quantize | convert | eval | again | rl) ;; *)
+        echo "unknown step $step (pretrain, resume, phases, sft, quantize, convert, eval, again, rl)" >&2; exit 2 ;;
     esac
 done
 
@@ -42,13 +45,14 @@ env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
 converted=${ULTRA3_SMOKE_CONVERTED:-/tmp/ultra3-smoke/convert}  # the round trip's two outputs, new each run
 cache=${ULTRA3_SMOKE_CACHE:-/tmp/ultra3-smoke/compile-cache}
+rl_root=${ULTRA3_SMOKE_RL:-/opt/ultra3-rl}  # the NeMo RL source trees (carry.py rl-sources)
 
 python3 - "$out/versions.json" <<'EOF'
 import importlib.metadata as md, json, shutil, subprocess, sys
 smi = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
 gpu = subprocess.run(smi, capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else None
 names = ["torch", "transformer-engine", "transformer-engine-torch", "megatron-core", "megatron-bridge", "mamba-ssm",
-         "causal-conv1d", "nvidia-modelopt", "transformers", "triton", "ultra3-launcher"]
+         "causal-conv1d", "nvidia-modelopt", "transformers", "triton", "ray", "ultra3-launcher"]
 packages = {}
 for name in names:
     try:
@@ -63,6 +67,7 @@ EOF
 failed=0
 for step in "${steps[@]}"; do
     second=()  # a second command of the step, run when the first succeeds
+    jobenv=()  # the step's own environment
     case $step in
         pretrain) rm -rf "$cache"
             argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints") ;;
@@ -80,6 +85,11 @@ for step in "${steps[@]}"; do
         again) rm -rf "$checkpoints-again"  # a new run: loading iteration 40 would train nothing
             argv=(pretrain -c tiny dataset.mock=false "checkpoint.save=$checkpoints-again")
             second=(sft -c tiny dataset.mock=false) ;;
+        rl) argv=(rl rlvr -c tiny policy=ultra3-sft-checkpoint-tiny:latest "nemo_rl_dir=$rl_root/RL")
+            jobenv=("PYTHONPATH=$(python3 scripts/gpu/carry.py rl-path "$rl_root")${PYTHONPATH:+:$PYTHONPATH}"
+                    NEMO_RL_PY_EXECUTABLES_SYSTEM=1)
+            dry=$(ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" --dry-run 2>&1)
+            [[ $dry == *"no rl-data artifact"* ]] && second=("${argv[@]}") && argv=(data prep rl -c tiny) ;;
     esac
     case ${argv[0]} in pretrain | sft) argv+=("run.compile_cache=$cache") ;; esac
     case ${second[0]:-} in pretrain | sft) second+=("run.compile_cache=$cache") ;; esac
@@ -89,12 +99,12 @@ for step in "${steps[@]}"; do
     echo "== $step: ultra3 ${argv[*]} --run gpu-box"
     log=$out/$step.log
     [ "$step" = again ] && log=$out/pretrain.again.log
-    ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" >"$log" 2>&1
+    env "${jobenv[@]}" ultra3 "${argv[@]}" --run gpu-box --env-file "$env_file" >"$log" 2>&1
     status=$?
     if [ $status -eq 0 ] && [ ${#second[@]} -gt 0 ]; then
         echo "== $step: ultra3 ${second[*]} --run gpu-box"
         [ "$step" = again ] && log=$out/sft.again.log && : >"$log"
-        ultra3 "${second[@]}" --run gpu-box --env-file "$env_file" >>"$log" 2>&1
+        env "${jobenv[@]}" ultra3 "${second[@]}" --run gpu-box --env-file "$env_file" >>"$log" 2>&1
         status=$?
     fi
     if [ $status -eq 0 ] && [ "$step" = eval ]; then  # the SFT model against its quantization
