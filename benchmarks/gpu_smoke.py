@@ -13,8 +13,11 @@ under TRITON_PRINT_AUTOTUNING=1, which smoke.sh sets); then the validation losse
 loaded, and the quantize step's accuracy and size. Where smoke.sh's `again` step ran (<step>.again.log: the same
 training with the compile cache the first run filled), a second table puts each step's first iteration and
 autotuning beside the first run's, with the autotune results the job pinned from the cache and the largest
-difference of the per-iteration loss between the two runs. Writes DIR/results.json with every iteration's figures
-and, when matplotlib is there, the loss curves as a PNG.
+difference of the per-iteration loss between the two runs. Where the `rl` step ran (rl.log: `ultra3 rl rlvr -c tiny`),
+a table of its GRPO steps from the runtime's `rl: step` lines (recipes/rl_steps.py): the mean reward, the KL
+(NeMo RL's generation KL error), the loss, the step's seconds and those spent generating and training, and the GPU's
+peak memory over the step. Writes DIR/results.json with every iteration's figures and, when matplotlib is there,
+the loss curves as a PNG.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import sys
 from pathlib import Path
 
 from ultra3 import progress  # Megatron-Bridge's log lines, read as `nemotron jobs status` reads them
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the runtime package `recipes`
+from recipes import rl_steps  # noqa: E402  the RL runtime's per-step line
 
 STEPS = ("pretrain", "resume", "phases", "sft", "quantize")
 AUTOTUNED = re.compile(r"^finished after ([0-9.]+)s,")
@@ -93,6 +99,18 @@ def second_run(steps: dict, again: dict) -> dict:
     return rows
 
 
+def rl_table(text: str, gpu_peak_mib: float | None) -> list[dict]:
+    """The `rl: step` lines of the rl step's log, printed as a table."""
+    rows = [row for line in text.splitlines() if (row := rl_steps.parse(line))]
+    print(f"\n{'rl step':7} {'reward':>7} {'kl':>9} {'loss':>8} {'step s':>7} {'generation s':>12} {'training s':>10}")
+    for row in rows:
+        print(f"{row['step']:>3}/{row['steps']:<3} {_num(row.get('reward'), 7, 4)} {_num(row.get('kl'), 9, 6)} "
+              f"{_num(row.get('loss'), 8, 4)} {_num(row.get('step_s'), 7, 1)} {_num(row.get('generation_s'), 12, 2)} "
+              f"{_num(row.get('training_s'), 10, 2)}")
+    print(f"rl: {len(rows)} GRPO step(s), GPU peak {_num(gpu_peak_mib, 0)} MiB")
+    return rows
+
+
 def peak_mib(path: Path) -> float | None:
     if not path.is_file():
         return None
@@ -152,13 +170,15 @@ def main() -> int:
     versions = json.loads((args.dir / "versions.json").read_text()) if (args.dir / "versions.json").is_file() else {}
     steps = {name: parse((args.dir / f"{name}.log").read_text(errors="replace"))
              for name in STEPS if (args.dir / f"{name}.log").is_file()}
-    if not steps:
+    rl_log = args.dir / "rl.log"
+    if not steps and not rl_log.is_file():
         print(f"gpu_smoke: no <step>.log in {args.dir}", file=sys.stderr)
         return 2
     rows = {}
     print(f"GPU: {versions.get('gpu', '?')}; " + ", ".join(f"{k} {v}" for k, v in versions.get("packages", {}).items()))
-    print(f"{'step':9} {'iterations':>10} {'first loss':>10} {'last loss':>9} {'min loss':>8} {'1st it s':>8} "
-          f"{'autotune s':>10} {'step ms':>8} {'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
+    if steps:
+        print(f"{'step':9} {'iterations':>10} {'first loss':>10} {'last loss':>9} {'min loss':>8} {'1st it s':>8} "
+              f"{'autotune s':>10} {'step ms':>8} {'tokens/s':>9} {'peak alloc GB':>13} {'GPU peak MiB':>12}")
     for name, step in steps.items():
         row = {**summary(step, args.seq_length), "autotune_s": step["autotune_s"],
                "gpu_peak_mib": peak_mib(args.dir / f"{name}.memory.csv")}
@@ -189,6 +209,9 @@ def main() -> int:
              for name in STEPS if (args.dir / f"{name}.again.log").is_file()}
     results = {"versions": versions, "summary": rows, "steps": steps,
                **({"again": {"summary": second_run(steps, again), "steps": again}} if again else {})}
+    if rl_log.is_file():
+        peak = peak_mib(args.dir / "rl.memory.csv")
+        results["rl"] = {"steps": rl_table(rl_log.read_text(errors="replace"), peak), "gpu_peak_mib": peak}
     (args.dir / "results.json").write_text(json.dumps(results, indent=1))
     if args.plot:
         title = f"ultra3 tiny smoke test: {versions.get('gpu', '')}, BF16"

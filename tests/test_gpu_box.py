@@ -1,7 +1,7 @@
 """The GPU box without network (scripts/gpu): the wheel pins against uv.lock, the nvcc that keeps one architecture,
 carrying a wheel set in parts (damaged and missing parts, a resumed trip, a real pip install read back), the RL
-source trees (pins, staged nested, first on PYTHONPATH), the
-preflight's kernel check, and the smoke-test figures read from a real run's logs."""
+source trees (pins, staged nested, first on PYTHONPATH), the preflight's kernel check, and the smoke-test figures
+read from a real run's logs and from the RL runtime's step lines."""
 
 from __future__ import annotations
 
@@ -301,3 +301,26 @@ def test_rl_stage_refuses_a_damaged_tree_and_rl_path_an_unstaged_root(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"carry: error: no sources.json in {tmp_path / 'rl'}: stage the RL source trees there first "
         "(carry.py rl-stage)"]
+
+
+def test_smoke_rl_rows_from_the_rl_runtimes_log(tmp_path):
+    """rl.log as the rl step keeps it: NeMo RL's printout (a recorded step log) passed through the RL runtime,
+    which adds its `rl: step` line after each step's block."""
+    nemo_rl_output = REPO / "tests" / "data" / "nemo_rl" / "grpo_steps.log"
+    with open(tmp_path / "rl.log", "w") as log:
+        subprocess.run([sys.executable, "-c", "import sys; from recipes import rl; "
+                        "sys.exit(rl.run_nemo_rl(['cat', sys.argv[1]], '.', {}))", str(nemo_rl_output)],
+                       cwd=REPO, stdout=log, check=True)
+    (tmp_path / "rl.memory.csv").write_text("1200\n30500\n28000\n")
+    (tmp_path / "versions.json").write_text(json.dumps({"gpu": "NVIDIA H200", "packages": {"ray": "2.56.1"}}))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "GPU: NVIDIA H200; ray 2.56.1"
+    table = lines[lines.index("rl step  reward        kl     loss  step s generation s training s"):]
+    assert table[1:5] == ["  1/3    0.2500  0.000400   0.0123    41.2        12.31       9.87",
+                          "  2/3    0.0000  0.000300  -0.0104    18.4         7.50       4.12",
+                          "  3/3    0.5000  0.000200   0.0051    25.0         7.01       4.40",
+                          "rl: 3 GRPO step(s), GPU peak 30,500 MiB"]
+    rl = json.loads((tmp_path / "results.json").read_text())["rl"]
+    assert [s["kl"] for s in rl["steps"]] == [0.0004, 0.0003, 0.0002] and rl["gpu_peak_mib"] == 30500
