@@ -15,7 +15,7 @@
 #   again     pretrain and sft once more (a new checkpoint dir), with the compile cache the steps before filled: their
 #             first iteration without Triton's autotuning (<step>.again.log)
 #   rl        rl rlvr -c tiny: 3 GRPO steps from the SFT checkpoint, colocated on the GPU (NeMo RL from the source
-#             trees `scripts/gpu/carry.py rl-sources` staged in $ULTRA3_SMOKE_RL, default /opt/ultra3-rl, put ahead
+#             trees `scripts/gpu/carry.py rl-stage` unpacked in $ULTRA3_SMOKE_RL, default /opt/ultra3-rl, put ahead
 #             on PYTHONPATH); `data prep rl -c tiny` first when the store has no rl-data artifact
 # Every training step uses the compile cache $ULTRA3_SMOKE_CACHE (default /tmp/ultra3-smoke/compile-cache), emptied
 # when the pretrain step starts, so the first pretrain is cold.
@@ -45,7 +45,7 @@ env_file=${ULTRA3_ENV_FILE:-env.toml.example}
 checkpoints=${ULTRA3_SMOKE_CHECKPOINTS:-/tmp/ultra3-smoke/pretrain-checkpoints}
 converted=${ULTRA3_SMOKE_CONVERTED:-/tmp/ultra3-smoke/convert}  # the round trip's two outputs, new each run
 cache=${ULTRA3_SMOKE_CACHE:-/tmp/ultra3-smoke/compile-cache}
-rl_root=${ULTRA3_SMOKE_RL:-/opt/ultra3-rl}  # the NeMo RL source trees (carry.py rl-sources)
+rl_root=${ULTRA3_SMOKE_RL:-/opt/ultra3-rl}  # the NeMo RL source trees (carry.py rl-stage)
 
 python3 - "$out/versions.json" <<'EOF'
 import importlib.metadata as md, json, shutil, subprocess, sys
