@@ -199,7 +199,7 @@ def test_the_checkpoints_of_a_run_submitted_over_ssh_are_listed_over_ssh(cli_her
     ssh = {"host": "127.0.0.1", "port": PORT, "user": "root", "identity": str(sshd / "client")}
     remote = tmp_path / "cluster side" / SOURCE  # a space: the path is quoted on the remote shell
     save = make_source(cli_here, home, SOURCE, "pretrain", job_dir=remote, handle={"slurm_id": "7", "ssh": ssh})
-    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--fork", SOURCE)
+    shown = cli_here("pretrain", "-c", "tiny", "--dry-run", "--full", "--fork", SOURCE)
     assert shown.rc == 0, shown.err
     assert (compiled(shown.out)["checkpoint"]["load"], compiled(shown.out)["checkpoint"]["ckpt_step"]) == \
         (str(save), 40)
