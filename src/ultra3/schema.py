@@ -247,7 +247,7 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
     where it was set, so each error names the file or the command line to fix."""
     for key, value in tree.items():
         path = f"{prefix}{key}"
-        where = _where(path, origin)
+        where = where_from(path, origin)
         if key not in schema:
             report.error(path, f"unknown key{where}; {suggest(key, list(schema))}")
             continue
@@ -265,13 +265,14 @@ def check(tree: dict, schema: Schema, report: Report, origin: dict[str, str], pr
                 check(item, t[0], report, origin, f"{path}[{i}].")
         elif isinstance(t, EnvTable) and isinstance(value, dict) and t.bad_names(value):
             for name in t.bad_names(value):
-                report.error(f"{path}.{name}", f"not an environment variable name{_where(f'{path}.{name}', origin)}; "
-                                               "use letters, digits and '_', not starting with a digit")
+                key = f"{path}.{name}"
+                report.error(key, f"not an environment variable name{where_from(key, origin)}; "
+                                  "use letters, digits and '_', not starting with a digit")
         elif not matches(value, t):
             report.error(path, f"must be {_bounded(value, t) or type_name(t)}, got {value!r}{where}")
         else:  # a free-form value (NeMo RL's keys, env values, lists): its numbers still have to be numbers
             for inner, number in _numbers(value, path):
-                report.error(inner, f"must be {_bounded(number, object)}, got {number!r}{_where(inner, origin)}")
+                report.error(inner, f"must be {_bounded(number, object)}, got {number!r}{where_from(inner, origin)}")
 
 
 def _numbers(value: Any, path: str) -> list[tuple[str, int | float]]:
@@ -292,7 +293,7 @@ def _bounded(value: Any, t: Any) -> str:
     return ""
 
 
-def _where(path: str, origin: dict[str, str]) -> str:
+def where_from(path: str, origin: dict[str, str]) -> str:
     path = path.split("[", 1)[0]  # a list item came from where its list was set
     # a table's own key has no origin; the first of its leaves tells where it came from
     src = origin.get(path) or next((v for k, v in origin.items() if k.startswith(path + ".")), None)

@@ -90,9 +90,9 @@ def _refuse(cfg: dict, key: str, problem: str, fix: str, report, seen: bool = Tr
     cluster's login node (no run.host); over SSH, or for a path not here, a warning: the cluster may see another file
     system, and the job's runtime checks again before it converts."""
     from ..dotted import get
-    from ..schema import _where
+    from ..schema import where_from
 
-    text = f"{problem}{_where(key, report.origin)}; {fix}"
+    text = f"{problem}{where_from(key, report.origin)}; {fix}"
     if get(cfg, "job.runs_here") or (seen and not get(cfg, "run.host")):
         report.error(key, text)
     else:

@@ -109,7 +109,7 @@ def task_names() -> tuple[set[str], set[str]]:
 
 
 def _tasks(cfg: dict, report) -> None:
-    from ..schema import _where, did_you_mean
+    from ..schema import where_from, did_you_mean
 
     tasks = cfg.get("tasks") or []
     if not tasks:
@@ -124,7 +124,7 @@ def _tasks(cfg: dict, report) -> None:
         elif name not in ours | theirs:
             close = did_you_mean(name, sorted(ours | theirs))
             report.error(f"tasks[{i}].name", f"{name!r} is not a task of lm-eval 0.4.13 nor of recipes/evaluation/"
-                         f"tasks{_where('tasks', report.origin)}; {close or 'see `lm-eval ls tasks`'}")
+                         f"tasks{where_from('tasks', report.origin)}; {close or 'see `lm-eval ls tasks`'}")
         elif name not in ours:
             hub.append(name)
     if hub and not cfg.get("hf_datasets_cache"):

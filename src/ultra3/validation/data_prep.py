@@ -17,7 +17,7 @@ from ultra3.contract import HUB_MODEL, NAME
 from ultra3.dotted import get
 from ultra3.findings import Report
 from ultra3.paths import RECIPES_DIR
-from ultra3.schema import DATA_PREP_PRETRAIN, DATA_PREP_RL, DATA_PREP_SFT, _where
+from ultra3.schema import DATA_PREP_PRETRAIN, DATA_PREP_RL, DATA_PREP_SFT, where_from
 
 HF = "hf://"
 # keys null may leave to the runtime's choice (all CPUs, the tokenizer's EOS, ...), and those checked with messages
@@ -61,9 +61,9 @@ def _check_set(cfg: dict, report: Report) -> None:
     schema = {"pretrain": DATA_PREP_PRETRAIN, "sft": DATA_PREP_SFT, "rl": DATA_PREP_RL}.get(
         str(get(cfg, "job.stage") or "").rsplit(" ", 1)[-1], {})
     unset = sorted(k for k in schema.keys() - NULLABLE - CHECKED if get(cfg, k) is None)
-    for key in [k for k in unset if _where(k, report.origin)]:
-        report.error(key, f"null{_where(key, report.origin)}, but the job needs a value: give one")
-    missing = [k for k in unset if not _where(k, report.origin)]
+    for key in [k for k in unset if where_from(k, report.origin)]:
+        report.error(key, f"null{where_from(key, report.origin)}, but the job needs a value: give one")
+    missing = [k for k in unset if not where_from(k, report.origin)]
     if missing:
         also = f" (nor {', '.join(missing[1:])})" if missing[1:] else ""
         report.error(missing[0], f"not set{also}, but the job needs a value of each: set them, or start the config "
@@ -81,7 +81,7 @@ def _check_datasets(cfg: dict, report: Report) -> None:
             report.error(f"{key}.name", "every dataset needs a name (it names its shards and its blend entry)")
         elif not NAME.match(str(ds["name"])):
             fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", str(ds["name"])).strip("._-") or "web"
-            report.error(f"{key}.name", f"{ds['name']!r}{_where(key, report.origin)} names the dataset's output "
+            report.error(f"{key}.name", f"{ds['name']!r}{where_from(key, report.origin)} names the dataset's output "
                                         "directory: use letters, digits, '.', '_' and '-', starting with a letter "
                                         f"or digit, e.g. name: {fixed}")
         elif names.count(ds["name"]) > 1:
@@ -233,7 +233,7 @@ def _unreadable(path: str) -> str | None:
 def _missing(cfg: dict, key: str, what: str, report: Report, fix: str = "fix the path") -> None:
     if any(i.get("key") == key and i.get("pending") for i in get(cfg, "job.inputs") or []):
         return  # the output of an earlier pipe step, not made yet
-    where = _where(key, report.origin)
+    where = where_from(key, report.origin)
     if get(cfg, "job.runs_here"):
         report.error(key, f"{what} on this machine{where}; {fix}")
     else:
